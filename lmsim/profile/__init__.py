@@ -1,0 +1,34 @@
+"""Step-cost profiles: what one engine step costs, from data under `profiles/`.
+
+`load_cost_model(spec)` turns the experiment's `cluster.profile` into a `StepCostModel`.
+A spec is either a mapping `{kind: linear, ...}` (hand-checkable, for tests) or the name of
+a profile under the repository's `profiles/` folder (for example `h20/qwen3-30b-a3b`), or a
+path to one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProfileError
+from .base import LinearCostModel, StepCostModel
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+
+__all__ = ["PROFILES_DIR", "LinearCostModel", "StepCostModel", "load_cost_model"]
+
+
+def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
+    if isinstance(spec, dict):
+        kind = spec.get("kind", "linear")
+        if kind != "linear":
+            raise ProfileError(f"cluster.profile.kind: unknown profile kind {kind!r} (known: linear)")
+        fields = {k: v for k, v in spec.items() if k != "kind"}
+        try:
+            return LinearCostModel(**fields)
+        except TypeError as exc:
+            raise ProfileError(f"cluster.profile: {exc}") from None
+    from .tables import load_table_profile  # the table-driven predictor (profiles issue)
+
+    return load_table_profile(spec)

@@ -1,0 +1,76 @@
+"""Name -> class registries for plug-ins (routing policies, trace formats, generators).
+
+A plug-in registers itself with a decorator; its constructor's keyword-only arguments are its
+YAML `params`. Unknown names get a did-you-mean suggestion; unknown or badly typed parameters
+get one line naming the plug-in, the parameter and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def decorate(cls: type[T]) -> type[T]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._entries[name] = cls
+            cls.registry_name = name  # type: ignore[attr-defined]
+            return cls
+
+        return decorate
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str, *, where: str = "") -> type[T]:
+        if name in self._entries:
+            return self._entries[name]
+        prefix = f"{where}: " if where else ""
+        close = difflib.get_close_matches(name, self._entries, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{prefix}unknown {self.kind} {name!r}{hint} (known: {', '.join(self.names())})"
+        )
+
+    def parameters(self, name: str) -> dict[str, inspect.Parameter]:
+        """The keyword-only constructor parameters of a plug-in (its YAML `params`)."""
+        sig = inspect.signature(self.get(name).__init__)  # type: ignore[misc]
+        return {
+            p.name: p
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+
+    def create(self, name: str, params: dict[str, Any] | None = None, *, where: str = "") -> T:
+        cls = self.get(name, where=where)
+        params = dict(params or {})
+        allowed = self.parameters(name)
+        prefix = f"{where}: " if where else ""
+        for key in params:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                listed = ", ".join(sorted(allowed)) or "none"
+                raise ConfigError(
+                    f"{prefix}{self.kind} {name!r} has no parameter {key!r}{hint} "
+                    f"(parameters: {listed})"
+                )
+        try:
+            return cls(**params)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{prefix}{self.kind} {name!r}: {exc}") from None

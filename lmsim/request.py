@@ -1,0 +1,74 @@
+"""A request: the unit of work, its progress through one instance, and its timestamps.
+
+Request objects exist only while a request is in the system (routed and not finished);
+finished requests are written to the run's columnar records and dropped, so a million-request
+replay never holds a million objects. Timestamps are simulated seconds and `None` until they
+happen, never 0.
+
+State diagram: WAITING -> RUNNING -> FINISHED, with RUNNING -> WAITING on preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class RequestState(IntEnum):
+    PENDING = 0  # known to the trace, not yet arrived
+    WAITING = 1  # in an instance's waiting queue
+    RUNNING = 2  # in an instance's running batch (prefilling or decoding)
+    FINISHED = 3
+    REJECTED = 4  # turned away because the waiting queue was full
+
+    @property
+    def is_done(self) -> bool:
+        return self >= RequestState.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """What a router may read: `request_id`, `arrived_at`, `input_tokens`, `block_hashes`,
+    `trace_hash_ids`, `session_id`, `parent_id`, `class_id`, `slo_class`. `output_tokens` is
+    the trace's ground truth and must not be used for routing (a real router cannot know it).
+
+    `block_hashes` are the engine-block (16-token) content hashes of the prompt's full blocks
+    that the trace identifies, in order; see `lmsim.kv_cache.engine_block_hashes`.
+    """
+
+    request_id: int
+    arrived_at: float
+    input_tokens: int
+    output_tokens: int
+    block_hashes: list[int]
+    trace_hash_ids: tuple[int, ...] = ()
+    session_id: int = -1
+    parent_id: int = -1
+    class_id: int = -1
+    slo_class: int = -1
+
+    state: RequestState = RequestState.PENDING
+    instance_id: int | None = None
+    routed_at: float | None = None
+    first_scheduled_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    cached_tokens: int | None = None  # prefix-cache hit at first admission
+    num_preemptions: int = 0
+
+    # Engine bookkeeping, owned by the instance scheduler.
+    num_computed_tokens: int = 0
+    num_output_done: int = 0  # output tokens sampled, valid while not decoding
+    decode_base: int = 0  # while decoding: outputs = instance step counter - decode_base
+    admit_seq: int = 0  # admission order on the instance (running-list order)
+    block_keys: list[int] = field(default_factory=list)  # cache keys of the prompt blocks held
+    num_anon_blocks: int = 0  # blocks held beyond block_keys (unhashed tail, output)
+    pending_prefill: int = 0  # tokens counted in the instance's pending-prefill total
+    finish_step: int = 0  # step counter value at whose end a decoding request finishes
+    decoding: bool = False
+
+    @property
+    def num_tokens_target(self) -> int:
+        """Tokens the request must have in its KV before it next samples: prompt plus the
+        output tokens sampled so far (the last of which is not yet in the cache)."""
+        return self.input_tokens + self.num_output_done

@@ -1,0 +1,276 @@
+"""The canonical trace: one row per request, stored column-wise.
+
+In memory a `Trace` is a set of numpy arrays (no per-request Python objects), so a
+million-request trace costs tens of bytes per request plus its block ids. On disk it is a
+Parquet file with one row per request:
+
+| column          | type          | meaning                                                        |
+|-----------------|---------------|----------------------------------------------------------------|
+| `arrival_s`     | float64       | arrival time, seconds from trace start, non-decreasing         |
+| `input_tokens`  | int64         | prompt length in tokens (>= 1)                                 |
+| `output_tokens` | int64         | tokens to generate (>= 1)                                      |
+| `hash_ids`      | list<int64>   | chained prefix-block ids, one per `block_size` tokens; equal   |
+|                 |               | ids in two requests mean equal content up to that block       |
+| `session_id`    | int64         | conversation or agent session, -1 if unknown                   |
+| `parent_id`     | int64         | row index of the previous turn, -1 if none                     |
+| `class_id`      | int64         | explicit request class (hotspot detector), -1 if none          |
+| `slo_class`     | int64         | SLO class (multi-SLO routing), -1 if none                      |
+| `after_id`      | int64         | closed loop: arrive `delay_s` after row `after_id` finishes    |
+| `delay_s`       | float64       | think time used with `after_id`                                |
+
+The Parquet schema metadata carries `block_size` (tokens per hash id) and `source`.
+A row whose `after_id` is -1 arrives at `arrival_s`; otherwise `arrival_s` is only its
+open-loop estimate, and the simulator releases it `delay_s` after `after_id` finishes.
+Rows are in arrival order; ties keep file order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import TraceError
+
+OPTIONAL_INT_COLUMNS = ("session_id", "parent_id", "class_id", "slo_class", "after_id")
+
+
+@dataclass
+class Trace:
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    hash_offsets: np.ndarray  # len n+1; ids of row i are hash_values[off[i]:off[i+1]]
+    hash_values: np.ndarray
+    block_size: int
+    session_id: np.ndarray | None = None
+    parent_id: np.ndarray | None = None
+    class_id: np.ndarray | None = None
+    slo_class: np.ndarray | None = None
+    after_id: np.ndarray | None = None
+    delay_s: np.ndarray | None = None
+    source: str = ""
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        self.arrival_s = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
+        self.input_tokens = np.ascontiguousarray(self.input_tokens, dtype=np.int64)
+        self.output_tokens = np.ascontiguousarray(self.output_tokens, dtype=np.int64)
+        self.hash_offsets = np.ascontiguousarray(self.hash_offsets, dtype=np.int64)
+        self.hash_values = np.ascontiguousarray(self.hash_values, dtype=np.int64)
+        for name in (*OPTIONAL_INT_COLUMNS, "delay_s"):
+            col = getattr(self, name)
+            if col is not None:
+                dtype = np.float64 if name == "delay_s" else np.int64
+                setattr(self, name, np.ascontiguousarray(col, dtype=dtype))
+                if len(getattr(self, name)) != n:
+                    raise TraceError(f"{self.source or 'trace'}: column {name} has wrong length")
+        if len(self.hash_offsets) != n + 1:
+            raise TraceError(f"{self.source or 'trace'}: hash offsets have wrong length")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def hash_ids(self, i: int) -> np.ndarray:
+        return self.hash_values[self.hash_offsets[i] : self.hash_offsets[i + 1]]
+
+    def column(self, name: str) -> np.ndarray:
+        """An optional column, or its default (-1, or 0.0 for delay_s) when absent."""
+        col = getattr(self, name)
+        if col is not None:
+            return col
+        if name == "delay_s":
+            return np.zeros(len(self), dtype=np.float64)
+        return np.full(len(self), -1, dtype=np.int64)
+
+    @property
+    def is_closed_loop(self) -> bool:
+        return self.after_id is not None and bool((self.after_id >= 0).any())
+
+    # -- selection -----------------------------------------------------------------------
+
+    def take(self, rows: np.ndarray) -> Trace:
+        """A new trace of the given rows (in the given order). Row references (`parent_id`,
+        `after_id`) are remapped; references to rows left out become -1."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts = self.hash_offsets[rows]
+        ends = self.hash_offsets[rows + 1]
+        lengths = ends - starts
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if len(rows):
+            idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+            values = self.hash_values[idx]
+        else:
+            values = np.zeros(0, dtype=np.int64)
+        remap = np.full(len(self), -1, dtype=np.int64)
+        remap[rows] = np.arange(len(rows))
+
+        def sub(name: str) -> np.ndarray | None:
+            col = getattr(self, name)
+            if col is None:
+                return None
+            out = col[rows]
+            if name in ("parent_id", "after_id"):
+                out = np.where(out >= 0, remap[np.maximum(out, 0)], -1)
+            return out
+
+        return Trace(
+            arrival_s=self.arrival_s[rows],
+            input_tokens=self.input_tokens[rows],
+            output_tokens=self.output_tokens[rows],
+            hash_offsets=offsets,
+            hash_values=values,
+            block_size=self.block_size,
+            session_id=sub("session_id"),
+            parent_id=sub("parent_id"),
+            class_id=sub("class_id"),
+            slo_class=sub("slo_class"),
+            after_id=sub("after_id"),
+            delay_s=sub("delay_s"),
+            source=self.source,
+            meta=dict(self.meta),
+        )
+
+    def head(self, limit: int) -> Trace:
+        return self.take(np.arange(min(limit, len(self))))
+
+    # -- checks --------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise TraceError naming the first bad row (0-based) and field."""
+        where = self.source or "trace"
+        if self.block_size <= 0:
+            raise TraceError(f"{where}: block_size must be positive, got {self.block_size}")
+        checks = (
+            ("input_tokens", self.input_tokens < 1, "must be >= 1"),
+            ("output_tokens", self.output_tokens < 1, "must be >= 1"),
+            ("arrival_s", ~np.isfinite(self.arrival_s) | (self.arrival_s < 0), "must be finite and >= 0"),
+        )
+        for name, bad, what in checks:
+            if bad.any():
+                row = int(np.argmax(bad))
+                value = getattr(self, name)[row]
+                raise TraceError(f"{where}: row {row}: {name} {what}, got {value}")
+        if len(self) > 1:
+            back = np.diff(self.arrival_s) < 0
+            if back.any():
+                row = int(np.argmax(back)) + 1
+                raise TraceError(
+                    f"{where}: row {row}: arrival_s goes backwards "
+                    f"({self.arrival_s[row]} < {self.arrival_s[row - 1]})"
+                )
+        counts = np.diff(self.hash_offsets)
+        lo = self.input_tokens // self.block_size
+        hi = -(-self.input_tokens // self.block_size)
+        bad = (counts != 0) & ((counts < lo) | (counts > hi))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise TraceError(
+                f"{where}: row {row}: hash_ids has {counts[row]} ids but input_tokens "
+                f"{self.input_tokens[row]} with block_size {self.block_size} needs "
+                f"{lo[row]} to {hi[row]}"
+            )
+        if self.after_id is not None:
+            bad = self.after_id >= np.arange(len(self))
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise TraceError(f"{where}: row {row}: after_id must refer to an earlier row")
+
+    # -- Parquet -------------------------------------------------------------------------
+
+    def to_arrow(self) -> pa.Table:
+        hash_col = pa.ListArray.from_arrays(
+            pa.array(self.hash_offsets, type=pa.int64()) if len(self) else pa.array([0], pa.int64()),
+            pa.array(self.hash_values, type=pa.int64()),
+        )
+        columns = {
+            "arrival_s": pa.array(self.arrival_s, type=pa.float64()),
+            "input_tokens": pa.array(self.input_tokens, type=pa.int64()),
+            "output_tokens": pa.array(self.output_tokens, type=pa.int64()),
+            "hash_ids": hash_col,
+        }
+        for name in OPTIONAL_INT_COLUMNS:
+            columns[name] = pa.array(self.column(name), type=pa.int64())
+        columns["delay_s"] = pa.array(self.column("delay_s"), type=pa.float64())
+        meta = {**self.meta, "block_size": str(self.block_size), "source": self.source}
+        table = pa.table(columns)
+        return table.replace_schema_metadata({k.encode(): str(v).encode() for k, v in meta.items()})
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically: a temporary file in the same folder, then a rename."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        pq.write_table(self.to_arrow(), tmp, compression="zstd")
+        os.replace(tmp, path)
+
+
+def read_parquet(path: str | os.PathLike[str]) -> Trace:
+    """Read a canonical trace; a missing, empty or malformed file raises TraceError."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: trace file not found")
+    if path.stat().st_size == 0:
+        raise TraceError(f"{path}: file is empty (0 bytes), not a Parquet trace")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: not a readable Parquet file ({first})") from None
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    for name in ("arrival_s", "input_tokens", "output_tokens", "hash_ids"):
+        if name not in table.column_names:
+            raise TraceError(f"{path}: missing column {name!r}")
+    if "block_size" not in meta:
+        raise TraceError(f"{path}: schema metadata has no block_size")
+    hash_col = table.column("hash_ids").combine_chunks()
+    if hash_col.null_count:
+        raise TraceError(f"{path}: hash_ids has null rows; use an empty list for no hashes")
+    offsets = np.asarray(hash_col.offsets, dtype=np.int64)
+    values = np.asarray(hash_col.values, dtype=np.int64)
+    values = values[offsets[0] : offsets[-1]]
+    offsets = offsets - offsets[0]
+
+    def opt(name: str) -> np.ndarray | None:
+        if name not in table.column_names:
+            return None
+        col = table.column(name)
+        if col.null_count:
+            raise TraceError(f"{path}: column {name!r} has nulls")
+        return col.to_numpy()
+
+    def required(name: str) -> np.ndarray:
+        col = table.column(name)
+        if col.null_count:
+            row = next(i for i, v in enumerate(col.to_pylist()) if v is None)
+            raise TraceError(f"{path}: row {row}: {name} is missing")
+        return col.to_numpy()
+
+    try:
+        block_size = int(meta["block_size"])
+    except ValueError:
+        raise TraceError(f"{path}: schema metadata block_size is not an integer") from None
+    trace = Trace(
+        arrival_s=required("arrival_s"),
+        input_tokens=required("input_tokens"),
+        output_tokens=required("output_tokens"),
+        hash_offsets=offsets,
+        hash_values=values,
+        block_size=block_size,
+        session_id=opt("session_id"),
+        parent_id=opt("parent_id"),
+        class_id=opt("class_id"),
+        slo_class=opt("slo_class"),
+        after_id=opt("after_id"),
+        delay_s=opt("delay_s"),
+        source=str(path),
+        meta={k: v for k, v in meta.items() if k not in ("block_size", "source")},
+    )
+    trace.validate()
+    return trace
