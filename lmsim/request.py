@@ -10,6 +10,7 @@ State diagram: WAITING -> RUNNING -> FINISHED, with RUNNING -> WAITING on preemp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -41,7 +42,7 @@ class Request:
     input_tokens: int
     output_tokens: int
     block_hashes: list[int]
-    trace_hash_ids: tuple[int, ...] = ()
+    trace_hash_ids: Sequence[int] = ()
     session_id: int = -1
     parent_id: int = -1
     class_id: int = -1
@@ -54,6 +55,7 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     cached_tokens: int | None = None  # prefix-cache hit at first admission
+    predicted_ttft_s: float | None = None  # set by predictive policies, for error CDFs
     num_preemptions: int = 0
 
     # Engine bookkeeping, owned by the instance scheduler.
@@ -61,8 +63,9 @@ class Request:
     num_output_done: int = 0  # output tokens sampled, valid while not decoding
     decode_base: int = 0  # while decoding: outputs = instance step counter - decode_base
     admit_seq: int = 0  # admission order on the instance (running-list order)
-    block_keys: list[int] = field(default_factory=list)  # cache keys of the prompt blocks held
-    num_anon_blocks: int = 0  # blocks held beyond block_keys (unhashed tail, output)
+    # Keys of the blocks allocated while prefilling (see kv_cache); blocks added while
+    # decoding are not named, only counted.
+    block_keys: list[int] = field(default_factory=list)
     pending_prefill: int = 0  # tokens counted in the instance's pending-prefill total
     finish_step: int = 0  # step counter value at whose end a decoding request finishes
     decoding: bool = False

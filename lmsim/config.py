@@ -1,0 +1,189 @@
+"""The experiment schema, YAML loading, dotted `--set` overrides and validation messages.
+
+A config is pure data: loading it reads the YAML and nothing else. Every problem becomes a
+`ConfigError` whose one line names the file, the dotted field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GeneratorConfig(_Strict):
+    name: str = Field(description="registered generator name (chatbot, agent, ...)")
+    params: dict[str, Any] = Field(default_factory=dict, description="generator parameters")
+
+
+class WorkloadConfig(_Strict):
+    trace: str | None = Field(None, description="trace file (canonical Parquet or raw format)")
+    format: str | None = Field(None, description="raw trace format; inferred when omitted")
+    generator: GeneratorConfig | None = Field(None, description="synthesize instead of loading")
+    skip_bad_rows: bool = Field(False, description="skip and count malformed trace rows")
+    start_s: float | None = Field(None, ge=0, description="keep arrivals at or after this time")
+    end_s: float | None = Field(None, gt=0, description="keep arrivals before this time")
+    limit: int | None = Field(None, gt=0, description="keep the first N requests")
+    time_scale: float | None = Field(None, gt=0, description="divide inter-arrival gaps by this")
+    rate: float | None = Field(None, gt=0, description="time-scale to this mean rate (req/s)")
+    load: float | None = Field(
+        None, gt=0, description="time-scale to this fraction of measured cluster capacity"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadConfig:
+        if (self.trace is None) == (self.generator is None):
+            raise ValueError("set exactly one of workload.trace and workload.generator")
+        scalers = [x for x in (self.time_scale, self.rate, self.load) if x is not None]
+        if len(scalers) > 1:
+            raise ValueError("set at most one of workload.time_scale, workload.rate, workload.load")
+        return self
+
+
+class ClusterConfig(_Strict):
+    num_instances: int = Field(16, gt=0, le=1024, description="instances (one GPU each)")
+    profile: str | dict[str, Any] = Field(
+        "h20/qwen3-30b-a3b", description="profile name under profiles/, a path, or {kind: linear}"
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    num_gpu_blocks: int | None = Field(None, gt=0, description="override the KV pool size")
+    block_size: int = Field(16, gt=0, description="tokens per KV block")
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(1024, gt=0)
+    long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap")
+    enable_prefix_caching: bool = True
+    max_waiting: int | None = Field(
+        None, gt=0, description="per-instance waiting-queue cap; arrivals beyond it are rejected"
+    )
+
+
+class RouterConfig(_Strict):
+    policy: str = Field("vllm", description="registered policy name")
+    params: dict[str, Any] = Field(default_factory=dict, description="policy constructor args")
+    view: dict[str, Any] = Field(
+        default_factory=dict, description="router-state realism (kv_view, load_view, ...)"
+    )
+
+
+class SimulationConfig(_Strict):
+    fast_forward: bool = Field(True, description="advance runs of decode-only steps at once")
+    check: bool = Field(False, description="assert engine invariants after every step")
+    sample_interval_s: float = Field(1.0, gt=0, description="instance time-series period")
+    drain_limit_s: float | None = Field(
+        None, gt=0, description="stop this long after the last arrival (overload)"
+    )
+
+
+class OutputConfig(_Strict):
+    dir: str | None = Field(None, description="run directory; default runs/<name>")
+    figures: bool = Field(True, description="write the TTFT/TPOT CDF figure")
+
+
+class ExperimentConfig(_Strict):
+    name: str = "experiment"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    workload: WorkloadConfig
+    cluster: ClusterConfig = ClusterConfig()
+    router: RouterConfig = RouterConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    output: OutputConfig = OutputConfig()
+    sweep: dict[str, Any] | None = Field(None, description="dotted key -> list of values")
+    zip: list[list[str]] | None = Field(None, description="groups of sweep keys varied together")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], *, where: str) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{where}: --set {item!r}: expected dotted.key=value")
+        key, text = item.split("=", 1)
+        set_dotted(out, key.strip(), _parse_value(text), where=where)
+    return out
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = {}
+            node[part] = child
+        if not isinstance(child, dict):
+            raise ConfigError(f"{where}: {key}: {part} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def _format_validation_error(exc: ValidationError, where: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or True)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    return f"{where}: {loc}: {msg}" if loc else f"{where}: {msg}"
+
+
+def validate(raw: Any, *, where: str) -> ExperimentConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the experiment must be a YAML mapping")
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, where)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: experiment file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: {line}YAML syntax error: {problem}") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the experiment must be a YAML mapping")
+    return raw
+
+
+def load_experiment(
+    path: str | Path, overrides: list[str] | None = None
+) -> tuple[ExperimentConfig, dict[str, Any]]:
+    """Read, override and validate an experiment. Relative file paths in the YAML are
+    resolved against the YAML's folder, then the working directory. Returns the config and
+    the raw (overridden) dict."""
+    where = str(path)
+    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
+    config = validate(raw, where=where)
+    return config, raw
+
+
+KVViewMode = Literal["exact", "approximate", "events"]

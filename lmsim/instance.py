@@ -1,0 +1,122 @@
+"""One serving instance on the SimPy clock: runs its scheduler's steps back to back.
+
+The instance plans a step (or a run of decode-only steps), schedules one event at the end
+and commits there. A run's step boundaries are computed by accumulating step durations one
+at a time, exactly as stepping one by one would. While a run is in flight, anyone reading
+the instance (the router, the sampler) first calls `materialize()`, which applies the
+effects of the steps that have started or completed by now; an arrival additionally
+truncates the run after the step in progress, so the newcomer is considered at the same
+step boundary as in one-by-one stepping.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+
+import simpy
+
+from .clock import STEP_END, WAKE, schedule_at
+from .request import Request
+from .scheduler import InstanceScheduler, StepOutcome, StepPlan
+
+StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
+
+
+class Instance:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: int,
+        scheduler: InstanceScheduler,
+        on_step_end: StepListener,
+    ) -> None:
+        self.env = env
+        self.instance_id = instance_id
+        self.scheduler = scheduler
+        self._on_step_end = on_step_end
+        self._plan: StepPlan | None = None
+        self._times: list[float] = []  # boundaries of the planned run: start, end of each step
+        self._end_event: simpy.Event | None = None
+        self._wake_pending = False
+        self.num_steps = 0
+        self.num_events = 0
+        self.busy_time_s = 0.0
+
+    @property
+    def cache(self):
+        return self.scheduler.cache
+
+    @property
+    def is_busy(self) -> bool:
+        return self._plan is not None
+
+    # -- the router's side ---------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        self.materialize()
+        self.scheduler.enqueue(request)
+        if self._plan is None:
+            if not self._wake_pending:
+                self._wake_pending = True
+                schedule_at(self.env, self.env.now, WAKE, self._wake)
+        elif self._plan.num_steps > 1:
+            self._truncate_after_current_step()
+
+    def materialize(self) -> None:
+        """Bring a fast-forwarded run up to date with the clock."""
+        plan = self._plan
+        if plan is None or plan.num_steps == 1:
+            return
+        now = self.env.now
+        times = self._times
+        started = bisect_right(times, now, 0, plan.num_steps)
+        completed = bisect_right(times, now, 1, plan.num_steps + 1) - 1
+        self.scheduler.advance(started, completed)
+
+    # -- the engine loop -----------------------------------------------------------------
+
+    def _wake(self, _event: simpy.Event) -> None:
+        self._wake_pending = False
+        if self._plan is None:
+            self._start_step()
+
+    def _start_step(self) -> None:
+        plan = self.scheduler.plan(self.env.now)
+        self._plan = plan
+        if plan is None:
+            return
+        t = self.env.now
+        times = [t]
+        for d in plan.durations:
+            t = t + d
+            times.append(t)
+        self._times = times
+        self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
+
+    def _truncate_after_current_step(self) -> None:
+        plan = self._plan
+        assert plan is not None
+        started = bisect_right(self._times, self.env.now, 0, plan.num_steps)
+        if started >= plan.num_steps:
+            return
+        plan.num_steps = started
+        del plan.durations[started:]
+        del self._times[started + 1 :]
+        self.scheduler.truncate_run(started)
+        self._end_event = schedule_at(self.env, self._times[-1], STEP_END, self._step_end)
+
+    def _step_end(self, event: simpy.Event) -> None:
+        if event is not self._end_event:
+            return  # superseded by a truncation
+        plan = self._plan
+        assert plan is not None
+        now = self.env.now
+        outcome = self.scheduler.commit(plan, now)
+        self.num_steps += plan.num_steps
+        self.num_events += 1
+        self.busy_time_s += now - self._times[0]
+        self._plan = None
+        self._end_event = None
+        self._on_step_end(self, plan, outcome, now)
+        self._start_step()

@@ -1,0 +1,149 @@
+"""The global router: read-only views of the instances, the policy call, dispatch.
+
+Policies see instances only through `LiveInstanceView` (attributes computed from the
+instance's state at the current time) and `LiveClusterView` (adds the one-pass prefix
+lookup over the global block-hash index). The router measures the wall time each decision
+takes, to report `router_us_per_decision`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from .instance import Instance
+from .kv_cache import GlobalPrefixIndex
+from .policies.base import Policy
+from .request import Request
+
+
+class LiveInstanceView:
+    """A read-only window on one instance. Reading is side-effect free for the simulation."""
+
+    __slots__ = ("_instance", "_scheduler", "instance_id")
+
+    def __init__(self, instance: Instance) -> None:
+        self._instance = instance
+        self._scheduler = instance.scheduler
+        self.instance_id = instance.instance_id
+
+    @property
+    def num_running(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._scheduler.waiting)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._scheduler.running) + len(self._scheduler.waiting)
+
+    @property
+    def num_prefilling(self) -> int:
+        return len(self._scheduler.prefilling)
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        return self._scheduler.pending_prefill_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self._scheduler.total_tokens
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return self._scheduler.decode_context_tokens
+
+    @property
+    def kv_usage(self) -> float:
+        return self._scheduler.cache.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._scheduler.cache.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._scheduler.cache.num_total_blocks
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return self._scheduler.hit_blocks(request) * self._scheduler.block_size
+
+    def queued_prefills(self) -> list[tuple[int, int]]:
+        return self._scheduler.queued_prefills()
+
+
+class LiveClusterView:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instances: Sequence[Instance],
+        index: GlobalPrefixIndex,
+        block_size: int,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self._env = env
+        self.instances = [LiveInstanceView(i) for i in instances]
+        self._index = index
+        self.block_size = block_size
+        self._caching = enable_prefix_caching
+
+    @property
+    def now(self) -> float:
+        return self._env.now
+
+    def cached_prefix_tokens(self, request: Request) -> list[int]:
+        if not self._caching:
+            return [0] * len(self.instances)
+        bs = self.block_size
+        cap = (request.input_tokens - 1) // bs
+        return [b * bs for b in self._index.match_blocks(request.block_hashes, cap)]
+
+
+class Router:
+    def __init__(
+        self,
+        instances: Sequence[Instance],
+        cluster: LiveClusterView,
+        policy: Policy,
+        adapter: Any,
+        on_dispatch: Callable[[Request, int], bool],
+    ) -> None:
+        self.instances = instances
+        self.cluster = cluster
+        self.policy = policy
+        self.adapter = adapter
+        self._on_dispatch = on_dispatch
+        self.num_decisions = 0
+        self.decision_wall_s = 0.0
+
+    def route(self, request: Request, now: float) -> int | None:
+        """Choose an instance and submit the request there; None if it was rejected."""
+        for instance in self.instances:
+            instance.materialize()
+        started = time.perf_counter()
+        view = self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
+        choice = self.policy.choose(request, view)
+        self.decision_wall_s += time.perf_counter() - started
+        self.num_decisions += 1
+        if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(self.instances):
+            raise RuntimeError(f"policy {self.policy.registry_name} chose invalid instance {choice!r}")
+        choice = int(choice)
+        request.routed_at = now
+        request.instance_id = choice
+        if not self._on_dispatch(request, choice):
+            return None
+        self.instances[choice].submit(request)
+        if self.adapter is not None:
+            self.adapter.on_routed(request, choice)
+        self.policy.on_routed(request, choice)
+        return choice
+
+    @property
+    def us_per_decision(self) -> float:
+        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0

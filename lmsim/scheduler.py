@@ -1,0 +1,518 @@
+"""One vLLM-v1 engine's scheduler: continuous batching, chunked prefill with a token budget,
+prefix-cache admission and recompute preemption. Plain Python, no SimPy.
+
+The step loop follows vLLM's `Scheduler.schedule()` (costmodel.md §7):
+
+1. Running requests, in admission order, each get `min(tokens left, budget left)` tokens
+   (1 for a decode; a partial prefill its next chunk, capped by
+   `long_prefill_token_threshold` when set). If a request's blocks cannot be allocated, the
+   newest running request is preempted (freed, reset, put at the front of the waiting
+   queue) until the allocation fits or the request preempted itself.
+2. Only if nothing was preempted, waiting requests are admitted first come first served:
+   prefix-cache lookup (capped so at least one token is computed), then allocation; the first
+   failure stops admission.
+3. A request samples a token at the end of the step that computes its last uncomputed
+   token: the first output token at the end of its prefill, then one per decode step.
+
+Speed without per-request work per decode step: decoding requests are not touched step by
+step. Each records `decode_base`, and its output count is `steps_done - decode_base`. The
+blocks decodes need are counted by phase (a decode needs a new block every `block_size`
+steps), finishes come from a heap keyed by the step at which each request ends, and the
+cost model gets the decodes' total context from two running sums. A run of decode-only steps
+(no prefill running, nothing admissible) is planned in one go (`fast_forward`) and its
+effects are applied lazily with `advance`; with fast-forward off the same code plans runs of
+length one, so both modes take the same decisions.
+
+When several requests are starved by the token budget, or an allocation fails, the exact
+per-request loop (`_plan_exact`) runs instead of the aggregate one; both implement the
+same rules.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache import PrefixCache
+from .profile.base import StepCostModel
+from .request import Request, RequestState
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one planned step (or run of identical decode-only steps) does."""
+
+    start_step: int
+    num_steps: int
+    durations: list[float]
+    chunks: list[tuple[Request, int]] = field(default_factory=list)  # prefill (request, q)
+    num_decodes: int = 0
+    num_tokens: int = 0  # tokens scheduled in the first step
+    decode_context: int = 0  # sum of KV lengths the first step's decodes attend to
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """Requests whose state changed at the end of a step, in running order."""
+
+    first_tokens: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+
+
+class InstanceScheduler:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        cost_model: StepCostModel,
+        *,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 1024,
+        long_prefill_token_threshold: int = 0,
+        enable_prefix_caching: bool = True,
+        fast_forward: bool = True,
+        max_run_steps: int = 1 << 20,
+    ) -> None:
+        self.cache = cache
+        self.cost_model = cost_model
+        self.block_size = cache.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.enable_prefix_caching = enable_prefix_caching
+        self.fast_forward = fast_forward
+        self.max_run_steps = max_run_steps
+
+        self.running: list[Request] = []  # admission order
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []  # running, prompt not fully computed; by admit_seq
+        self.steps_done = 0  # completed steps
+        self._alloc_through = 0  # steps whose block allocations have been applied
+        self._run_start = 0  # first step of the planned step/run
+        self._run_end = 0  # step index after the planned step/run
+        self._admit_counter = 0
+
+        # Aggregates over decoding requests.
+        self.num_decoding = 0
+        self._phase = [0] * self.block_size  # decodes needing a new block at step s: [s % bs]
+        self._dec_sum_input = 0
+        self._dec_sum_base = 0
+        self._finish_heap: list[tuple[int, int, Request]] = []
+
+        # Aggregates over waiting and prefilling requests.
+        self._nondec_tokens = 0
+        self.pending_prefill_tokens = 0
+        self.num_preemptions = 0
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return self._dec_sum_input - self._dec_sum_base + self.num_decoding * self.steps_done
+
+    @property
+    def total_tokens(self) -> int:
+        return self._nondec_tokens + self.decode_context_tokens
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def hit_blocks(self, request: Request) -> int:
+        """Blocks of `request` the prefix cache would serve now (capped, no side effects)."""
+        if not self.enable_prefix_caching:
+            return 0
+        cap = (request.num_tokens_target - 1) // self.block_size
+        return self.cache.match(request.block_hashes, cap)
+
+    def queued_prefills(self) -> list[tuple[int, int]]:
+        out = [(r.num_tokens_target - r.num_computed_tokens, r.num_computed_tokens) for r in self.prefilling]
+        for r in self.waiting:
+            hit = self.hit_blocks(r) * self.block_size
+            out.append((r.num_tokens_target - hit, hit))
+        return out
+
+    def outputs_of(self, request: Request) -> int:
+        if request.decoding:
+            return self.steps_done - request.decode_base
+        return request.num_output_done
+
+    # -- arrivals ------------------------------------------------------------------------
+
+    def enqueue(self, request: Request) -> None:
+        request.state = RequestState.WAITING
+        self.waiting.append(request)
+        self._nondec_tokens += request.num_tokens_target
+        self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
+
+    # -- planning ------------------------------------------------------------------------
+
+    def plan(self, now: float) -> StepPlan | None:
+        """Plan the next step (or decode-only run) starting at step `steps_done`."""
+        if self.is_idle:
+            return None
+        s = self.steps_done
+        assert self._alloc_through == s, "plan() before the previous step was committed"
+        budget = self.max_num_batched_tokens
+        num_dec = self.num_decoding
+        if not self.prefilling and num_dec and num_dec <= budget:
+            need = self._phase[s % self.block_size]
+            free = self.cache.num_free_blocks
+            if need <= free and self._admission_blocked(budget - num_dec, free - need):
+                return self._plan_run(s, free)
+        self._run_start = s
+        plan = self._plan_aggregate(s, now)
+        if plan is None:
+            plan = self._plan_exact(s, now)
+        self._alloc_through = s + 1
+        self._run_end = s + 1
+        return plan
+
+    def _plan_run(self, s: int, free: int) -> StepPlan:
+        num_dec = self.num_decoding
+        k_finish = self._peek_finish_step() - s + 1
+        k = 1
+        if self.fast_forward:
+            k = min(k_finish, self._steps_until_blocks_run_out(s, free), self.max_run_steps)
+        context0 = self.decode_context_tokens
+        durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
+        self._run_start = s
+        self._run_end = s + k
+        self._allocate_decode_steps(s, s + 1)
+        return StepPlan(
+            s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0
+        )
+
+    def _steps_until_blocks_run_out(self, s: int, free: int) -> int:
+        """Longest k such that the decodes' block needs over steps s..s+k-1 fit in `free`."""
+        bs = self.block_size
+        cycles = free // self.num_decoding  # a full cycle of bs steps needs one block per decode
+        k = cycles * bs
+        left = free - cycles * self.num_decoding
+        phase = self._phase
+        for i in range(bs):
+            c = phase[(s + i) % bs]
+            if c > left:
+                break
+            left -= c
+            k += 1
+        return k
+
+    def _blocks_for_steps(self, start: int, end: int) -> int:
+        bs = self.block_size
+        count = end - start
+        total = (count // bs) * self.num_decoding
+        phase = self._phase
+        for st in range(start + (count // bs) * bs, end):
+            total += phase[st % bs]
+        return total
+
+    def _allocate_decode_steps(self, start: int, end: int) -> None:
+        if end > start:
+            self.cache.allocate_anonymous_run(self._blocks_for_steps(start, end))
+            self._alloc_through = end
+
+    def _admission_blocked(self, budget_left: int, free_after: int) -> bool:
+        """Would the head of the waiting queue fail to be admitted this step? Once true
+        during a decode-only run it stays true until a request leaves (free blocks only
+        shrink and cached prefixes only get evicted)."""
+        if not self.waiting:
+            return True
+        if budget_left <= 0 or len(self.running) >= self.max_num_seqs:
+            return True
+        return self._admission_need(self.waiting[0], budget_left)[3] > free_after
+
+    def _admission_need(self, request: Request, budget_left: int) -> tuple[int, int, int, int]:
+        """(hit blocks, tokens to schedule, new blocks, free blocks consumed) for admitting."""
+        bs = self.block_size
+        hit_blocks = self.hit_blocks(request)
+        hit = hit_blocks * bs
+        q = request.num_tokens_target - hit
+        if 0 < self.long_prefill_token_threshold < q:
+            q = self.long_prefill_token_threshold
+        q = min(q, budget_left)
+        new_blocks = -(-(hit + q) // bs) - hit_blocks
+        consumed = new_blocks + self.cache.num_free_among(request.block_hashes, hit_blocks)
+        return hit_blocks, q, new_blocks, consumed
+
+    def _chunk_size(self, request: Request, budget_left: int) -> int:
+        q = request.num_tokens_target - request.num_computed_tokens
+        if 0 < self.long_prefill_token_threshold < q:
+            q = self.long_prefill_token_threshold
+        return min(q, budget_left)
+
+    def _new_blocks_for_chunk(self, request: Request, q: int) -> int:
+        return -(-(request.num_computed_tokens + q) // self.block_size) - len(request.block_keys)
+
+    def _plan_aggregate(self, s: int, now: float) -> StepPlan | None:
+        """The common case in O(prefilling + admitted): no starvation, no preemption, and
+        partial prefills behind every decode in running order. None if it does not apply."""
+        budget = self.max_num_batched_tokens
+        prefilling = self.prefilling
+        num_dec = self.num_decoding
+        if prefilling:
+            first = bisect_left(self.running, prefilling[0].admit_seq, key=_admit_seq)
+            if len(self.running) - first != len(prefilling):
+                return None
+        demands = [self._chunk_size(r, budget) for r in prefilling]
+        if num_dec + sum(demands) > budget:
+            return None
+        blocks = self._phase[s % self.block_size]
+        chunk_blocks = [self._new_blocks_for_chunk(r, q) for r, q in zip(prefilling, demands)]
+        if blocks + sum(chunk_blocks) > self.cache.num_free_blocks:
+            return None
+        self.cache.allocate_anonymous_run(blocks)
+        plan = StepPlan(
+            s,
+            1,
+            [],
+            num_decodes=num_dec,
+            num_tokens=num_dec + sum(demands),
+            decode_context=self.decode_context_tokens,
+        )
+        for request, q, nb in zip(prefilling, demands, chunk_blocks):
+            self._allocate_chunk(request, q, nb)
+            plan.chunks.append((request, q))
+        self._admit(plan, budget - plan.num_tokens, now)
+        plan.durations = [self._step_time(plan)]
+        return plan
+
+    def _plan_exact(self, s: int, now: float) -> StepPlan:
+        """vLLM's per-request loop, for steps with starvation or preemption."""
+        budget_left = self.max_num_batched_tokens
+        bs = self.block_size
+        cache = self.cache
+        running = self.running
+        plan = StepPlan(s, 1, [])
+        i = 0
+        while i < len(running) and budget_left > 0:
+            request = running[i]
+            if request.decoding:
+                q = 1
+                need = 1 if (request.input_tokens + s - request.decode_base - 1) % bs == 0 else 0
+            else:
+                q = self._chunk_size(request, budget_left)
+                need = self._new_blocks_for_chunk(request, q)
+            preempted_self = False
+            while need > cache.num_free_blocks:
+                victim = running[-1]
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is request:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            if request.decoding:
+                cache.allocate_anonymous_run(need)
+                plan.num_decodes += 1
+                plan.decode_context += request.input_tokens + s - request.decode_base
+            else:
+                self._allocate_chunk(request, q, need)
+                plan.chunks.append((request, q))
+            plan.num_tokens += q
+            budget_left -= q
+            i += 1
+        for request in running[i:]:
+            if request.decoding:
+                self._starve(request)
+        if not plan.preempted:
+            self._admit(plan, budget_left, now)
+        plan.durations = [self._step_time(plan)]
+        return plan
+
+    def _step_time(self, plan: StepPlan) -> float:
+        chunks = [(q, r.num_computed_tokens) for r, q in plan.chunks]
+        return self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+
+    def _admit(self, plan: StepPlan, budget_left: int, now: float) -> None:
+        cache = self.cache
+        bs = self.block_size
+        while self.waiting and budget_left > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hit_blocks, q, new_blocks, consumed = self._admission_need(request, budget_left)
+            if consumed > cache.num_free_blocks:
+                break
+            self.waiting.popleft()
+            hashes = request.block_hashes if self.enable_prefix_caching else ()
+            request.block_keys = cache.touch(hashes, hit_blocks)
+            request.num_computed_tokens = hit_blocks * bs
+            if request.first_scheduled_at is None:
+                request.first_scheduled_at = now
+                request.cached_tokens = hit_blocks * bs
+            request.state = RequestState.RUNNING
+            self._admit_counter += 1
+            request.admit_seq = self._admit_counter
+            self.running.append(request)
+            self.prefilling.append(request)
+            self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
+            self._allocate_chunk(request, q, new_blocks)
+            plan.chunks.append((request, q))
+            plan.admitted.append(request)
+            plan.num_tokens += q
+            budget_left -= q
+
+    def _allocate_chunk(self, request: Request, q: int, new_blocks: int) -> None:
+        """Allocate a prefill chunk's blocks and make the blocks it fills cache entries."""
+        cache = self.cache
+        keys = request.block_keys
+        if new_blocks:
+            keys.extend(cache.allocate(new_blocks))
+        if not self.enable_prefix_caching:
+            return
+        hashes = request.block_hashes
+        first = request.num_computed_tokens // self.block_size
+        last = min((request.num_computed_tokens + q) // self.block_size, len(hashes))
+        for j in range(first, last):
+            keys[j] = cache.register(hashes[j])
+
+    # -- committing ----------------------------------------------------------------------
+
+    def advance(self, steps_started: int, steps_completed: int) -> None:
+        """Apply the effects of the first steps of the planned run (lazy fast-forward):
+        the block allocations of the first `steps_started` steps and the output tokens of the
+        first `steps_completed`. The last step's completion is left to `commit`."""
+        alloc_to = min(self._run_start + steps_started, self._run_end)
+        if alloc_to > self._alloc_through:
+            self._allocate_decode_steps(self._alloc_through, alloc_to)
+        done_to = min(self._run_start + steps_completed, self._run_end - 1)
+        if done_to > self.steps_done:
+            self.steps_done = done_to
+
+    def truncate_run(self, num_steps: int) -> None:
+        """Shorten the planned run to its first `num_steps` steps (an arrival wants to be
+        admitted at the next step boundary)."""
+        self._run_end = self._run_start + num_steps
+
+    def commit(self, plan: StepPlan, now: float) -> StepOutcome:
+        """End of the planned step or run at time `now`."""
+        end = self._run_end
+        if end > self._alloc_through:
+            self._allocate_decode_steps(self._alloc_through, end)
+        self.steps_done = end
+        outcome = StepOutcome()
+        changed: list[Request] = []
+        for request, q in plan.chunks:
+            if request.state is not RequestState.RUNNING or request.decoding:
+                continue
+            request.num_computed_tokens += q
+            self._set_pending(request, request.pending_prefill - q)
+            if request.num_computed_tokens == request.num_tokens_target:
+                changed.append(request)
+        last_step = end - 1
+        heap = self._finish_heap
+        while heap and heap[0][0] <= last_step:
+            finish_step, seq, request = heapq.heappop(heap)
+            if request.decoding and request.admit_seq == seq and request.finish_step == finish_step:
+                changed.append(request)
+        changed.sort(key=_admit_seq)
+        for request in changed:
+            if request.decoding:
+                self._finish(request, now, outcome)
+                continue
+            # A prefill (or recompute) just completed: sample a token.
+            self.prefilling.remove(request)
+            self._nondec_tokens -= request.num_tokens_target
+            request.num_output_done += 1
+            if request.first_token_at is None:
+                request.first_token_at = now
+                outcome.first_tokens.append(request)
+            if request.num_output_done >= request.output_tokens:
+                self._finish(request, now, outcome)
+            else:
+                self._start_decoding(request, self.steps_done - request.num_output_done)
+        return outcome
+
+    def _finish(self, request: Request, now: float, outcome: StepOutcome) -> None:
+        self.running.remove(request)
+        self._release(request)
+        if request.decoding:
+            self._stop_decoding(request)
+        request.state = RequestState.FINISHED
+        request.finished_at = now
+        outcome.finished.append(request)
+
+    # -- decode bookkeeping --------------------------------------------------------------
+
+    def _start_decoding(self, request: Request, base: int) -> None:
+        """From now on the request's output count is `steps_done - base`."""
+        request.decoding = True
+        request.decode_base = base
+        self._phase[(base + 1 - request.input_tokens) % self.block_size] += 1
+        self.num_decoding += 1
+        self._dec_sum_input += request.input_tokens
+        self._dec_sum_base += base
+        request.finish_step = request.output_tokens + base - 1
+        heapq.heappush(self._finish_heap, (request.finish_step, request.admit_seq, request))
+
+    def _stop_decoding(self, request: Request) -> None:
+        base = request.decode_base
+        request.num_output_done = self.steps_done - base
+        self._phase[(base + 1 - request.input_tokens) % self.block_size] -= 1
+        self.num_decoding -= 1
+        self._dec_sum_input -= request.input_tokens
+        self._dec_sum_base -= base
+        request.decoding = False
+
+    def _starve(self, request: Request) -> None:
+        """A decode got no token this step: its output count and block phase shift by one."""
+        base = request.decode_base
+        self._stop_decoding(request)
+        self._start_decoding(request, base + 1)
+
+    def _peek_finish_step(self) -> int:
+        heap = self._finish_heap
+        while heap:
+            finish_step, seq, request = heap[0]
+            if request.decoding and request.admit_seq == seq and request.finish_step == finish_step:
+                return finish_step
+            heapq.heappop(heap)
+        raise RuntimeError("decoding requests but no finish entry")
+
+    def _blocks_held(self, request: Request) -> int:
+        if request.decoding:
+            tokens = request.input_tokens + self._alloc_through - 1 - request.decode_base
+            return -(-tokens // self.block_size)
+        return len(request.block_keys)
+
+    def _release(self, request: Request) -> None:
+        held = self._blocks_held(request)
+        self.cache.release(request.block_keys, held - len(request.block_keys))
+        request.block_keys = []
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: free everything, back to the front of the waiting queue."""
+        self.running.remove(request)
+        if request.decoding:
+            self._release(request)
+            self._stop_decoding(request)
+            self._nondec_tokens += request.num_tokens_target
+        else:
+            self.prefilling.remove(request)
+            self._release(request)
+        self._set_pending(request, 0)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        request.state = RequestState.WAITING
+        self.waiting.appendleft(request)
+        self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
+
+    def _set_pending(self, request: Request, value: int) -> None:
+        self.pending_prefill_tokens += value - request.pending_prefill
+        request.pending_prefill = value
+
+
+def _admit_seq(request: Request) -> int:
+    return request.admit_seq

@@ -1,0 +1,316 @@
+"""Composition root: build a cluster from a validated config and replay a workload on it.
+
+`Simulation(config, trace).run()` returns `Results`; nothing is written here. Randomness
+comes from one `numpy.random.SeedSequence(config.seed)` spawned into independent streams
+(policy, router view), so a run is a pure function of its config and trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import simpy
+
+from .clock import ARRIVAL, SAMPLE, schedule_at
+from .config import ExperimentConfig
+from .errors import ConfigError, InvariantError
+from .instance import Instance
+from .kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from .metrics import Recorder
+from .policies import POLICIES, Policy
+from .profile import StepCostModel, load_cost_model
+from .request import Request, RequestState
+from .results import Results
+from .router import LiveClusterView, Router
+from .scheduler import InstanceScheduler, StepOutcome, StepPlan
+from .workload.trace import Trace
+
+
+class _Context:
+    """The RouterContext handed to policies (see policies/base.py)."""
+
+    def __init__(self, sim: Simulation, rng: np.random.Generator) -> None:
+        cfg = sim.config.cluster
+        self._sim = sim
+        self.num_instances = cfg.num_instances
+        self.block_size = cfg.block_size
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        self.max_num_seqs = cfg.max_num_seqs
+        self.rng = rng
+        self.cost_model = sim.cost_model
+
+    def now(self) -> float:
+        return self._sim.env.now
+
+    def load_cost_model(self, spec: Any) -> StepCostModel:
+        return load_cost_model(spec)
+
+    def every(self, period_s: float, callback: Callable[[float], None]) -> None:
+        self._sim.add_periodic(period_s, callback)
+
+    def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
+        env = self._sim.env
+        self._sim.kv_listeners.append(lambda i, h, stored: callback(i, h, stored, env.now))
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        self._sim.router_events.append({"time_s": self._sim.env.now, "kind": kind, **fields})
+
+
+class Simulation:
+    def __init__(self, config: ExperimentConfig, trace: Trace) -> None:
+        self.config = config
+        self.trace = trace
+        cfg = config.cluster
+        self.env = simpy.Environment()
+        self.cost_model = load_cost_model(cfg.profile)
+        self.num_blocks = self._kv_blocks()
+        self.kv_listeners: list[Callable[[int, int, bool], None]] = []
+        self.router_events: list[dict[str, Any]] = []
+        self.index = GlobalPrefixIndex(cfg.num_instances)
+        self.recorder = Recorder(len(trace))
+        self.check = config.simulation.check
+        self._periodic: list[tuple[float, Callable[[float], None]]] = []
+
+        self.instances: list[Instance] = []
+        for i in range(cfg.num_instances):
+            cache = PrefixCache(self.num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
+            scheduler = InstanceScheduler(
+                cache,
+                self.cost_model,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_num_seqs=cfg.max_num_seqs,
+                long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+                fast_forward=config.simulation.fast_forward,
+            )
+            self.instances.append(Instance(self.env, i, scheduler, self._on_step_end))
+
+        seeds = np.random.SeedSequence(config.seed).spawn(2)
+        self.policy: Policy = POLICIES.create(
+            config.router.policy, config.router.params, where="router.params"
+        )
+        self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
+        self.adapter = self._view_adapter(np.random.default_rng(seeds[1]))
+        cluster = LiveClusterView(
+            self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching
+        )
+        self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
+
+        # Arrivals: open-loop rows in trace order, closed-loop rows once released.
+        after = trace.column("after_id")
+        self._open_rows = np.flatnonzero(after < 0)
+        self._open_pos = 0
+        self._released: list[tuple[float, int]] = []
+        self._children: dict[int, list[int]] = {}
+        for row in np.flatnonzero(after >= 0).tolist():
+            self._children.setdefault(int(after[row]), []).append(row)
+        self._delay = trace.column("delay_s")
+        self._arrival_event: simpy.Event | None = None
+        self._arrival_time = float("inf")
+        self.live = 0  # arrived and not yet finished or rejected
+        self.last_arrival_s = 0.0
+
+    def _kv_blocks(self) -> int:
+        cfg = self.config.cluster
+        if cfg.num_gpu_blocks is not None:
+            return cfg.num_gpu_blocks
+        blocks = self.cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
+        if blocks is None:
+            raise ConfigError(
+                "cluster.num_gpu_blocks: required with a profile that has no memory facts"
+            )
+        return blocks
+
+    def _view_adapter(self, rng: np.random.Generator) -> Any:
+        view_cfg = dict(self.config.router.view)
+        if not view_cfg or (all(
+            view_cfg.get(k, "exact") == "exact" for k in ("kv_view", "load_view")
+        ) and set(view_cfg) <= {"kv_view", "load_view"}):
+            return None
+        try:
+            from .policies.views import ViewAdapter
+        except ImportError:
+            raise ConfigError("router.view: router-state realism is not available") from None
+        try:
+            adapter = ViewAdapter(**view_cfg)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"router.view: {exc}") from None
+        adapter.bind(_Context(self, rng))
+        return adapter
+
+    # -- periodic work -------------------------------------------------------------------
+
+    def add_periodic(self, period_s: float, callback: Callable[[float], None]) -> None:
+        if period_s <= 0:
+            raise ConfigError(f"periodic callback needs a positive period, got {period_s}")
+        self._periodic.append((period_s, callback))
+
+    def _schedule_periodic(self, period_s: float, callback: Callable[[float], None], n: int) -> None:
+        # Ticks at n * period from the start, computed by multiplication so they never drift.
+        def tick(_event: simpy.Event) -> None:
+            if not self._work_remains():
+                return
+            callback(self.env.now)
+            self._schedule_periodic(period_s, callback, n + 1)
+
+        schedule_at(self.env, n * period_s, SAMPLE, tick)
+
+    def _sample(self, now: float) -> None:
+        for instance in self.instances:
+            instance.materialize()
+            s = instance.scheduler
+            self.recorder.sample(
+                now,
+                instance.instance_id,
+                len(s.running),
+                len(s.waiting),
+                len(s.prefilling),
+                s.cache.usage,
+                s.pending_prefill_tokens,
+                s.total_tokens,
+            )
+
+    def _work_remains(self) -> bool:
+        return self.live > 0 or self._next_arrival() is not None
+
+    # -- arrivals ------------------------------------------------------------------------
+
+    def _next_arrival(self) -> tuple[float, int] | None:
+        best = None
+        if self._open_pos < len(self._open_rows):
+            row = int(self._open_rows[self._open_pos])
+            best = (float(self.trace.arrival_s[row]), row)
+        if self._released and (best is None or self._released[0] < best):
+            best = self._released[0]
+        return best
+
+    def _schedule_next_arrival(self) -> None:
+        nxt = self._next_arrival()
+        if nxt is None:
+            self._arrival_event = None
+            self._arrival_time = float("inf")
+            return
+        if self._arrival_event is not None and self._arrival_time <= nxt[0]:
+            return
+        self._arrival_time = nxt[0]
+        self._arrival_event = schedule_at(self.env, max(nxt[0], self.env.now), ARRIVAL, self._arrive)
+
+    def _arrive(self, event: simpy.Event) -> None:
+        if event is not self._arrival_event:
+            return
+        self._arrival_event = None
+        self._arrival_time = float("inf")
+        nxt = self._next_arrival()
+        assert nxt is not None
+        _t, row = nxt
+        if self._released and self._released[0] == nxt:
+            heapq.heappop(self._released)
+        else:
+            self._open_pos += 1
+        self._route(row, self.env.now)
+        self._schedule_next_arrival()
+        if self.drain_limit is not None and self._next_arrival() is None:
+            stop_at = self.env.now + self.drain_limit
+            schedule_at(self.env, stop_at, SAMPLE, self._stop)
+
+    def _stop(self, _event: simpy.Event) -> None:
+        raise simpy.core.StopSimulation(None)
+
+    def _route(self, row: int, now: float) -> None:
+        trace = self.trace
+        ids = trace.hash_ids(row)
+        bs = self.config.cluster.block_size
+        input_tokens = int(trace.input_tokens[row])
+        request = Request(
+            request_id=row,
+            arrived_at=now,
+            input_tokens=input_tokens,
+            output_tokens=int(trace.output_tokens[row]),
+            block_hashes=engine_block_hashes(ids, trace.block_size, input_tokens, bs),
+            trace_hash_ids=ids,
+            session_id=int(self._col("session_id")[row]),
+            parent_id=int(self._col("parent_id")[row]),
+            class_id=int(self._col("class_id")[row]),
+            slo_class=int(self._col("slo_class")[row]),
+        )
+        self.live += 1
+        self.last_arrival_s = now
+        self.recorder.arrived(request)
+        self.router.route(request, now)
+
+    def _col(self, name: str) -> np.ndarray:
+        cache = self.__dict__.setdefault("_cols", {})
+        if name not in cache:
+            cache[name] = self.trace.column(name)
+        return cache[name]
+
+    def _dispatch(self, request: Request, instance_id: int) -> bool:
+        cap = self.config.cluster.max_waiting
+        bs = self.config.cluster.block_size
+        # A request whose final context exceeds the whole KV pool could never finish (vLLM
+        # refuses it up front as longer than the model length); queueing it would livelock.
+        too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > self.num_blocks
+        waiting = self.instances[instance_id].scheduler.num_waiting
+        if too_long or (cap is not None and waiting >= cap):
+            request.state = RequestState.REJECTED
+            self.recorder.rejected(request)
+            self.live -= 1
+            self._release_children(request, self.env.now)
+            return False
+        return True
+
+    def _release_children(self, request: Request, now: float) -> None:
+        if request.state is not RequestState.FINISHED:
+            return  # a closed-loop successor of a rejected request never arrives
+        for row in self._children.pop(request.request_id, ()):
+            heapq.heappush(self._released, (now + float(self._delay[row]), row))
+        self._schedule_next_arrival()
+
+    # -- step ends -----------------------------------------------------------------------
+
+    def _on_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
+        for request in outcome.first_tokens:
+            self.policy.on_first_token(request)
+        for request in outcome.finished:
+            self.live -= 1
+            self.recorder.finished(request)
+            self.policy.on_finished(request)
+            if request.request_id in self._children:
+                self._release_children(request, now)
+        if self.check:
+            from .invariants import check_step
+
+            check_step(self, instance, plan, outcome, now)
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None) -> Results:
+        self.drain_limit = self.config.simulation.drain_limit_s
+        started = time.perf_counter()
+        self._schedule_periodic(self.config.simulation.sample_interval_s, self._sample, 0)
+        for period, callback in self._periodic:
+            self._schedule_periodic(period, callback, 1)
+        self._schedule_next_arrival()
+        self.env.run()
+        wall = time.perf_counter() - started
+        if self.check:
+            from .invariants import check_end
+
+            check_end(self)
+        for instance in self.instances:
+            instance.materialize()
+            for request in [*instance.scheduler.running, *instance.scheduler.waiting]:
+                request.num_output_done = instance.scheduler.outputs_of(request)
+                self.recorder.store(request)
+        return Results.from_simulation(self, wall)
+
+
+def run_experiment(config: ExperimentConfig, trace: Trace) -> Results:
+    return Simulation(config, trace).run()
+
+
+__all__ = ["InvariantError", "Simulation", "run_experiment"]

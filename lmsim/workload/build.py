@@ -1,0 +1,69 @@
+"""Turn an experiment's `workload:` section into the trace the cluster replays:
+load or generate, cut (window, limit), then scale the arrival process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import ExperimentConfig
+from ..errors import ConfigError, TraceError
+from .trace import Trace, read_parquet
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_path(path: str, experiment_dir: Path | None) -> Path:
+    """A relative path is looked up in the working directory, then beside the experiment
+    file, then in the repository (so bundled experiments run from anywhere)."""
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    for base in (experiment_dir, REPO_ROOT):
+        if base is not None and (base / candidate).exists():
+            return base / candidate
+    return candidate
+
+
+def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
+    w = config.workload
+    if w.generator is not None:
+        from .generators import generate
+
+        trace = generate(w.generator.name, dict(w.generator.params), seed=config.seed)
+    else:
+        assert w.trace is not None
+        path = resolve_path(w.trace, experiment_dir)
+        if w.format in (None, "canonical") and path.suffix == ".parquet":
+            trace = read_parquet(path)
+        else:
+            try:
+                from .formats import load_trace
+            except ImportError:
+                raise TraceError(f"{path}: raw trace formats are not available") from None
+            trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
+    return shape_workload(trace, config)
+
+
+def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
+    w = config.workload
+    if w.start_s is not None or w.end_s is not None:
+        from .scaling import window
+
+        trace = window(trace, w.start_s or 0.0, w.end_s if w.end_s is not None else float("inf"))
+    if w.limit is not None:
+        trace = trace.head(w.limit)
+    if len(trace) == 0:
+        raise ConfigError("workload: no requests left after the window/limit")
+    if w.time_scale is not None:
+        from .scaling import time_scale
+
+        trace = time_scale(trace, w.time_scale)
+    elif w.rate is not None:
+        from .scaling import scale_to_rate
+
+        trace = scale_to_rate(trace, w.rate)
+    elif w.load is not None:
+        from ..capacity import scale_to_load
+
+        trace = scale_to_load(trace, config)
+    return trace

@@ -1,0 +1,71 @@
+"""Shared factories: tiny traces and configs whose results can be computed by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lmsim.config import ExperimentConfig, validate
+from lmsim.results import Results
+from lmsim.simulation import Simulation
+from lmsim.workload.trace import Trace
+
+
+def make_trace(
+    arrivals: list[float],
+    inputs: list[int],
+    outputs: list[int],
+    hashes: list[list[int]] | None = None,
+    block_size: int = 16,
+    **columns: Any,
+) -> Trace:
+    hashes = hashes if hashes is not None else [[] for _ in arrivals]
+    offsets = np.zeros(len(hashes) + 1, dtype=np.int64)
+    np.cumsum([len(h) for h in hashes], out=offsets[1:])
+    values = np.array([x for h in hashes for x in h], dtype=np.int64)
+    return Trace(
+        arrival_s=np.array(arrivals, dtype=float),
+        input_tokens=np.array(inputs),
+        output_tokens=np.array(outputs),
+        hash_offsets=offsets,
+        hash_values=values,
+        block_size=block_size,
+        source="test",
+        **{k: np.array(v) for k, v in columns.items()},
+    )
+
+
+LINEAR = {
+    "kind": "linear",
+    "step_base_s": 0.010,
+    "per_prefill_token_s": 0.001,
+    "per_decode_seq_s": 0.0001,
+    "per_context_token_s": 0.0,
+}
+
+
+def make_config(**sections: Any) -> ExperimentConfig:
+    raw: dict[str, Any] = {
+        "name": "test",
+        "workload": {"trace": "unused.parquet"},
+        "cluster": {"num_instances": 1, "profile": dict(LINEAR), "num_gpu_blocks": 1000},
+        "router": {"policy": "round_robin"},
+        "simulation": {"check": True},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return validate(raw, where="test")
+
+
+def simulate(trace: Trace, **sections: Any) -> Results:
+    return Simulation(make_config(**sections), trace).run()
+
+
+@pytest.fixture
+def linear_profile() -> dict[str, Any]:
+    return dict(LINEAR)
