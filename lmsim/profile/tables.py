@@ -1,0 +1,470 @@
+"""Profile files and the table-driven step-cost predictor.
+
+A profile is a folder `profiles/<gpu>/<model>/` holding `profile.yaml` (hardware, model and
+memory facts, scalar step costs, provenance, and the names of its tables) and four CSV tables:
+
+* `tokens.csv`: `tokens,dense_s,moe_s`, GEMM and routed-expert time vs tokens in the step;
+* `seqs.csv`: `seqs,lm_head_s,cpu_s`, logits and CPU/sampling time vs sequences in the step;
+* `prefill_attention.csv`: a matrix, rows = chunk tokens q, columns = cached context c;
+* `decode_attention.csv`: a matrix, rows = decodes in the step, columns = their summed KV
+  length (sum of c_i + 1).
+
+The first cell of a matrix file names its two axes (`chunk_tokens/cached_context`); the rest
+of the first row is the column grid and the first column is the row grid. Grids must be
+strictly increasing and every time finite and non-negative.
+
+`TableCostModel` prices a step as
+`fixed_s + tokens(T) + seqs(B) + cpu_per_token_s*T + decode_attention(B_d, C_d)
++ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences. It
+reads only the tables, never the formula that generated them. Interpolation is piecewise
+linear (bilinear in 2-D); below the first grid point the first value is held, beyond the last
+the last segment is extended linearly. Run-time arithmetic is +, -, *, / only, so the scalar
+path (`step_time`) and the vectorised one (`decode_run_times`) agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import functools
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..errors import ProfileError
+
+FORMAT = "lmsim-profile/1"
+GIB = float(1 << 30)
+
+TABLE_FILES = {
+    "tokens": "tokens.csv",
+    "seqs": "seqs.csv",
+    "prefill_attention": "prefill_attention.csv",
+    "decode_attention": "decode_attention.csv",
+}
+VECTOR_COLUMNS = {"tokens": ("tokens", "dense_s", "moe_s"), "seqs": ("seqs", "lm_head_s", "cpu_s")}
+MATRIX_AXES = {
+    "prefill_attention": ("chunk_tokens", "cached_context"),
+    "decode_attention": ("batch", "total_context"),
+}
+REQUIRED = {
+    "hardware": ("gpu", "memory_gib", "hbm_bandwidth_bytes_s", "peak_bf16_flops"),
+    "model": ("name", "layers", "attention_heads", "kv_heads", "head_dim", "kv_bytes_per_token",
+              "weight_bytes", "experts"),
+    "memory": ("non_kv_overhead_gib",),
+    "step": ("fixed_s", "cpu_per_token_s"),
+    "tables": tuple(TABLE_FILES),
+    "provenance": ("generated_by", "date"),
+}
+
+
+@dataclass
+class ProfileData:
+    """Everything a profile holds, in memory; `TableCostModel` is built from it."""
+
+    name: str
+    meta: dict[str, Any]  # hardware, model, memory, step, provenance as in profile.yaml
+    tokens: np.ndarray
+    dense_s: np.ndarray
+    moe_s: np.ndarray
+    seqs: np.ndarray
+    lm_head_s: np.ndarray
+    cpu_s: np.ndarray
+    pa_q: np.ndarray
+    pa_c: np.ndarray
+    pa: np.ndarray  # [len(pa_q), len(pa_c)]
+    da_b: np.ndarray
+    da_c: np.ndarray
+    da: np.ndarray  # [len(da_b), len(da_c)]
+    source: str = "<memory>"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fixed_s(self) -> float:
+        return float(self.meta["step"]["fixed_s"])
+
+    @property
+    def cpu_per_token_s(self) -> float:
+        return float(self.meta["step"]["cpu_per_token_s"])
+
+
+# -- interpolation, shared by the scalar and the vectorised paths ---------------------------
+def _lerp(xs: list[float], ys: list[float], x: float) -> float:
+    if x < xs[0]:
+        x = xs[0]
+    i = bisect_right(xs, x) - 1
+    if i > len(xs) - 2:
+        i = len(xs) - 2
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    # ys[i]*(1-w) + ys[i+1]*w is exact at both grid points (w = 0 or exactly 1).
+    return ys[i] * (1.0 - w) + ys[i + 1] * w
+
+
+def _locate_vec(xs: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.maximum(x, xs[0])
+    i = np.minimum(np.searchsorted(xs, x, side="right") - 1, len(xs) - 2)
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return i, w
+
+
+def _locate(xs: list[float], x: float) -> tuple[int, float]:
+    if x < xs[0]:
+        x = xs[0]
+    i = bisect_right(xs, x) - 1
+    if i > len(xs) - 2:
+        i = len(xs) - 2
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+def interp1(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Vectorised `_lerp`, for tools (plots, fits) that evaluate a table on many points."""
+    i, w = _locate_vec(np.asarray(xs, float), np.asarray(x, float))
+    return ys[i] * (1.0 - w) + ys[i + 1] * w
+
+
+def interp2(xs: np.ndarray, ys: np.ndarray, z: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Vectorised bilinear interpolation of z[x, y] (same rule as the predictor)."""
+    i, wx = _locate_vec(np.asarray(xs, float), np.asarray(x, float))
+    j, wy = _locate_vec(np.asarray(ys, float), np.asarray(y, float))
+    r0 = z[i, j] * (1.0 - wy) + z[i, j + 1] * wy
+    r1 = z[i + 1, j] * (1.0 - wy) + z[i + 1, j + 1] * wy
+    return r0 * (1.0 - wx) + r1 * wx
+
+
+class TableCostModel:
+    """The step-cost predictor over a profile's tables (see the module docstring)."""
+
+    def __init__(self, data: ProfileData) -> None:
+        self.data = data
+        self.name = data.name
+        self._fixed = data.fixed_s
+        self._cpt = data.cpu_per_token_s
+        # Columns that share an axis are summed once here; the predictor never needs them apart.
+        self._tok_x = data.tokens.astype(float)
+        self._tok_y = (data.dense_s + data.moe_s).astype(float)
+        self._seq_x = data.seqs.astype(float)
+        self._seq_y = (data.lm_head_s + data.cpu_s).astype(float)
+        self._tok_xl, self._tok_yl = self._tok_x.tolist(), self._tok_y.tolist()
+        self._seq_xl, self._seq_yl = self._seq_x.tolist(), self._seq_y.tolist()
+        self._pa_q, self._pa_c = data.pa_q.astype(float).tolist(), data.pa_c.astype(float).tolist()
+        self._pa = data.pa.astype(float).tolist()
+        self._da_bx = data.da_b.astype(float)
+        self._da_cx = data.da_c.astype(float)
+        self._da_arr = data.da.astype(float)
+        self._da_b, self._da_c = self._da_bx.tolist(), self._da_cx.tolist()
+        self._da = self._da_arr.tolist()
+        m = data.meta
+        self._mem_gib = float(m["hardware"]["memory_gib"])
+        self._weights = float(m["model"]["weight_bytes"])
+        self._overhead_gib = float(m["memory"]["non_kv_overhead_gib"])
+        self._kv_per_token = int(m["model"]["kv_bytes_per_token"])
+
+    def __repr__(self) -> str:
+        return f"TableCostModel({self.name!r}, source={self.data.source!r})"
+
+    # -- components (scalar) ----------------------------------------------------------------
+    def _decode_attention(self, batch: int, context: int) -> float:
+        i, wb = _locate(self._da_b, batch)
+        j, wc = _locate(self._da_c, context)
+        lo, hi = self._da[i], self._da[i + 1]
+        r0 = lo[j] * (1.0 - wb) + hi[j] * wb
+        r1 = lo[j + 1] * (1.0 - wb) + hi[j + 1] * wb
+        return r0 * (1.0 - wc) + r1 * wc
+
+    def _prefill_attention(self, q: int, c: int) -> float:
+        i, wq = _locate(self._pa_q, q)
+        j, wc = _locate(self._pa_c, c)
+        lo, hi = self._pa[i], self._pa[i + 1]
+        r0 = lo[j] * (1.0 - wc) + lo[j + 1] * wc
+        r1 = hi[j] * (1.0 - wc) + hi[j + 1] * wc
+        return r0 * (1.0 - wq) + r1 * wq
+
+    def _base(self, num_seqs: int, num_tokens: int) -> float:
+        return (
+            self._fixed
+            + _lerp(self._tok_xl, self._tok_yl, num_tokens)
+            + _lerp(self._seq_xl, self._seq_yl, num_seqs)
+            + self._cpt * num_tokens
+        )
+
+    # -- StepCostModel ------------------------------------------------------------------------
+    def step_time(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]],
+        num_decodes: int,
+        decode_context_tokens: int,
+    ) -> float:
+        seqs = num_decodes
+        tokens = num_decodes
+        for q, _ in prefill_chunks:
+            seqs += 1
+            tokens += q
+        t = self._base(seqs, tokens)
+        if num_decodes:
+            t = t + self._decode_attention(num_decodes, decode_context_tokens)
+        for q, c in prefill_chunks:
+            t = t + self._prefill_attention(q, c)
+        return float(t)
+
+    def decode_run_times(
+        self, num_decodes: int, first_context_tokens: int, num_steps: int
+    ) -> np.ndarray:
+        # Same operations in the same order as step_time((), B, C0 + k*B), element-wise.
+        base = self._base(num_decodes, num_decodes)
+        if num_decodes == 0:
+            return np.full(num_steps, float(base))
+        context = first_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        i, wb = _locate(self._da_b, num_decodes)
+        j, wc = _locate_vec(self._da_cx, context.astype(np.float64))
+        lo, hi = self._da_arr[i], self._da_arr[i + 1]
+        r0 = lo[j] * (1.0 - wb) + hi[j] * wb
+        r1 = lo[j + 1] * (1.0 - wb) + hi[j + 1] * wb
+        return base + (r0 * (1.0 - wc) + r1 * wc)
+
+    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
+        pool = gpu_memory_utilization * self._mem_gib * GIB - self._weights - self._overhead_gib * GIB
+        return max(0, int(pool // (block_size * self._kv_per_token)))
+
+    # -- conveniences for tools -----------------------------------------------------------
+    def components(
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+    ) -> dict[str, float]:
+        """The step split into the profile's components (used by `fit` and `show`)."""
+        seqs = num_decodes + len(prefill_chunks)
+        tokens = num_decodes + sum(q for q, _ in prefill_chunks)
+        return {
+            "fixed": self._fixed,
+            "tokens": _lerp(self._tok_xl, self._tok_yl, tokens) + self._cpt * tokens,
+            "seqs": _lerp(self._seq_xl, self._seq_yl, seqs),
+            "decode_attention": self._decode_attention(num_decodes, decode_context_tokens)
+            if num_decodes else 0.0,
+            "prefill_attention": sum(self._prefill_attention(q, c) for q, c in prefill_chunks),
+        }
+
+
+# -- reading ------------------------------------------------------------------------------
+def _known_profiles() -> list[str]:
+    from . import PROFILES_DIR
+
+    return sorted(
+        str(p.parent.relative_to(PROFILES_DIR)) for p in PROFILES_DIR.glob("*/*/profile.yaml")
+    )
+
+
+def _display(path: Path) -> str:
+    from . import PROFILES_DIR
+
+    try:
+        return str(path.resolve().relative_to(PROFILES_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def resolve_profile(name_or_path: str | Path) -> Path:
+    """Path of a profile's `profile.yaml`: an existing file or folder, else a name under profiles/."""
+    from . import PROFILES_DIR
+
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "profile.yaml"
+    if p.is_file():
+        return p.resolve()
+    candidate = PROFILES_DIR / str(name_or_path) / "profile.yaml"
+    if candidate.is_file():
+        return candidate.resolve()
+    raise ProfileError(
+        f"{_display(candidate)}: unknown profile {str(name_or_path)!r} "
+        f"(known: {', '.join(_known_profiles()) or 'none'})"
+    )
+
+
+def _number(where: str, key: str, value: Any, *, allow_zero: bool = True) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads `1.0e12` (no exponent sign) as a string
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"{where}: field {key!r} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ProfileError(f"{where}: field {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _check_grid(where: str, axis: str, grid: np.ndarray) -> None:
+    if grid.size < 2:
+        raise ProfileError(f"{where}: grid {axis!r} needs at least 2 points")
+    bad = np.flatnonzero(np.diff(grid) <= 0)
+    if bad.size:
+        k = int(bad[0])
+        raise ProfileError(
+            f"{where}: grid {axis!r} is not strictly increasing ({grid[k]:g} then {grid[k + 1]:g})"
+        )
+    if grid[0] < 0:
+        raise ProfileError(f"{where}: grid {axis!r} has a negative value {grid[0]:g}")
+
+
+def _check_times(where: str, column: str, values: np.ndarray) -> None:
+    if not np.all(np.isfinite(values)):
+        raise ProfileError(f"{where}: {column!r} has a non-finite time")
+    if np.any(values < 0):
+        raise ProfileError(f"{where}: {column!r} has a negative time {float(values.min()):g}")
+
+
+def _read_rows(path: Path) -> list[list[str]]:
+    try:
+        with path.open(newline="") as fh:
+            return [row for row in csv.reader(fh) if row and not row[0].startswith("#")]
+    except OSError as exc:
+        raise ProfileError(f"{_display(path)}: cannot read table ({exc.strerror})") from None
+
+
+def _floats(where: str, cells: list[str]) -> np.ndarray:
+    try:
+        return np.array([float(x) for x in cells])
+    except ValueError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
+
+
+def read_vector_table(path: Path, kind: str) -> dict[str, np.ndarray]:
+    where = _display(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise ProfileError(f"{where}: empty table")
+    header = [h.strip() for h in rows[0]]
+    out: dict[str, np.ndarray] = {}
+    for col in VECTOR_COLUMNS[kind]:
+        if col not in header:
+            raise ProfileError(f"{where}: missing column {col!r} (have: {', '.join(header)})")
+    for n, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise ProfileError(f"{where}: line {n} has {len(row)} cells, header has {len(header)}")
+    body = [_floats(f"{where}: line {n}", row) for n, row in enumerate(rows[1:], start=2)]
+    if not body:
+        raise ProfileError(f"{where}: table has no rows")
+    mat = np.vstack(body)
+    for col in VECTOR_COLUMNS[kind]:
+        out[col] = mat[:, header.index(col)]
+    axis = VECTOR_COLUMNS[kind][0]
+    _check_grid(where, axis, out[axis])
+    for col in VECTOR_COLUMNS[kind][1:]:
+        _check_times(where, col, out[col])
+    return out
+
+
+def read_matrix_table(path: Path, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    where = _display(path)
+    rows = _read_rows(path)
+    row_axis, col_axis = MATRIX_AXES[kind]
+    if len(rows) < 3:
+        raise ProfileError(f"{where}: matrix needs a header row and at least 2 rows")
+    cols = _floats(f"{where}: header ({col_axis})", rows[0][1:])
+    grid_rows, body = [], []
+    for n, row in enumerate(rows[1:], start=2):
+        if len(row) != len(rows[0]):
+            raise ProfileError(f"{where}: line {n} has {len(row)} cells, header has {len(rows[0])}")
+        vals = _floats(f"{where}: line {n}", row)
+        grid_rows.append(vals[0])
+        body.append(vals[1:])
+    rgrid = np.array(grid_rows)
+    _check_grid(where, row_axis, rgrid)
+    _check_grid(where, col_axis, cols)
+    z = np.vstack(body)
+    _check_times(where, kind, z)
+    return rgrid, cols, z
+
+
+def read_profile(name_or_path: str | Path) -> ProfileData:
+    path = resolve_profile(name_or_path)
+    where = _display(path)
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        at = f" at line {line + 1}" if line is not None else ""
+        raise ProfileError(f"{where}: invalid YAML{at}") from None
+    if not isinstance(meta, dict):
+        raise ProfileError(f"{where}: expected a mapping at the top level")
+    for section, keys in REQUIRED.items():
+        if not isinstance(meta.get(section), dict):
+            raise ProfileError(f"{where}: missing field {section!r}")
+        for key in keys:
+            if key not in meta[section] or meta[section][key] is None:
+                raise ProfileError(f"{where}: missing field '{section}.{key}'")
+    for section, key, positive in [
+        ("hardware", "memory_gib", True), ("hardware", "hbm_bandwidth_bytes_s", True),
+        ("hardware", "peak_bf16_flops", True), ("model", "layers", True),
+        ("model", "kv_bytes_per_token", True), ("model", "weight_bytes", False),
+        ("model", "experts", False), ("memory", "non_kv_overhead_gib", False),
+        ("step", "fixed_s", False), ("step", "cpu_per_token_s", False),
+    ]:
+        _number(where, f"{section}.{key}", meta[section][key], allow_zero=not positive)
+    base = path.parent
+    files = {k: base / str(meta["tables"][k]) for k in TABLE_FILES}
+    tok = read_vector_table(files["tokens"], "tokens")
+    seq = read_vector_table(files["seqs"], "seqs")
+    pa_q, pa_c, pa = read_matrix_table(files["prefill_attention"], "prefill_attention")
+    da_b, da_c, da = read_matrix_table(files["decode_attention"], "decode_attention")
+    name = str(meta.get("name") or f"{base.parent.name}/{base.name}")
+    return ProfileData(
+        name=name, meta=meta, tokens=tok["tokens"], dense_s=tok["dense_s"], moe_s=tok["moe_s"],
+        seqs=seq["seqs"], lm_head_s=seq["lm_head_s"], cpu_s=seq["cpu_s"],
+        pa_q=pa_q, pa_c=pa_c, pa=pa, da_b=da_b, da_c=da_c, da=da, source=where,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _load_resolved(path: str, mtime_ns: int) -> TableCostModel:
+    return TableCostModel(read_profile(path))
+
+
+def load_table_profile(name_or_path: str | Path) -> TableCostModel:
+    path = resolve_profile(name_or_path)
+    return _load_resolved(str(path), path.stat().st_mtime_ns)
+
+
+# -- writing ------------------------------------------------------------------------------
+def _fmt(x: float) -> str:
+    return repr(float(x)) if x != int(x) or abs(x) >= 1e15 else str(int(x))
+
+
+def write_profile(data: ProfileData, out_dir: Path) -> Path:
+    """Write profile.yaml and its four CSV tables into out_dir (created if needed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = dict(data.meta)
+    meta["format"] = FORMAT
+    meta["name"] = data.name
+    meta["tables"] = dict(TABLE_FILES)
+    ordered = {k: meta[k] for k in ("format", "name", "hardware", "model", "memory", "step", "tables",
+                                     "provenance") if k in meta}
+    ordered.update({k: v for k, v in meta.items() if k not in ordered})
+    text = yaml.safe_dump(ordered, sort_keys=False, width=100, allow_unicode=True, default_flow_style=None)
+    (out_dir / "profile.yaml").write_text(text)
+
+    def g(x: float) -> str:  # 9 significant digits keeps tables within 1e-8 of the source
+        return f"{x:.9g}"
+
+    with (out_dir / TABLE_FILES["tokens"]).open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(VECTOR_COLUMNS["tokens"])
+        for x, a, b in zip(data.tokens, data.dense_s, data.moe_s):
+            w.writerow([_fmt(x), g(a), g(b)])
+    with (out_dir / TABLE_FILES["seqs"]).open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(VECTOR_COLUMNS["seqs"])
+        for x, a, b in zip(data.seqs, data.lm_head_s, data.cpu_s):
+            w.writerow([_fmt(x), g(a), g(b)])
+    for kind, (rg, cg, z) in {
+        "prefill_attention": (data.pa_q, data.pa_c, data.pa),
+        "decode_attention": (data.da_b, data.da_c, data.da),
+    }.items():
+        with (out_dir / TABLE_FILES[kind]).open("w", newline="") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(["/".join(MATRIX_AXES[kind]), *(_fmt(c) for c in cg)])
+            for r, row in zip(rg, z):
+                w.writerow([_fmt(r), *(g(v) for v in row)])
+    return out_dir / "profile.yaml"
