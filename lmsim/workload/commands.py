@@ -1,0 +1,137 @@
+"""The `lmsim trace ...` command group: convert, stats, plot and generate.
+
+`register_cli(subparsers)` adds the `trace` sub-parser; every handler takes the parsed
+arguments and returns an exit code. Expected failures raise `LmsimError` subclasses,
+which the top-level CLI prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from .formats import FORMATS, load_trace
+from .generators import GENERATORS, generate
+from .stats import format_stats, trace_stats
+
+
+def register_cli(subparsers: Any) -> None:
+    trace = subparsers.add_parser("trace", help="convert, inspect, plot and generate traces")
+    sub = trace.add_subparsers(dest="trace_command", required=True)
+
+    conv = sub.add_parser("convert", help="convert a trace file to canonical Parquet")
+    conv.add_argument("input", metavar="IN")
+    conv.add_argument("--format", choices=FORMATS.names(), default=None,
+                      help="input format (default: from the file name or content)")
+    conv.add_argument("--out", required=True, metavar="OUT.parquet")
+    conv.add_argument("--skip-bad-rows", action="store_true",
+                      help="skip and count malformed rows instead of stopping")
+    conv.set_defaults(func=cmd_convert)
+
+    st = sub.add_parser("stats", help="print the traces.md §2 statistics of a trace")
+    st.add_argument("trace", metavar="TRACE")
+    st.add_argument("--format", choices=FORMATS.names(), default=None)
+    st.add_argument("--skip-bad-rows", action="store_true")
+    st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    st.set_defaults(func=cmd_stats)
+
+    pl = sub.add_parser("plot", help="arrival rate over time and length CDFs")
+    pl.add_argument("trace", metavar="TRACE")
+    pl.add_argument("--format", choices=FORMATS.names(), default=None)
+    pl.add_argument("--out", default=None, metavar="PNG", help="default: TRACE name + .png")
+    pl.set_defaults(func=cmd_plot)
+
+    gen = sub.add_parser("generate", help="write a synthetic trace")
+    gen.add_argument("name", choices=GENERATORS.names())
+    gen.add_argument("--param", action="append", default=[], metavar="K=V",
+                     help="generator parameter (YAML value), repeatable")
+    gen.add_argument("--seed", type=int, required=True)
+    gen.add_argument("--out", required=True, metavar="OUT.parquet")
+    gen.set_defaults(func=cmd_generate)  # fmt: skip
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    trace = load_trace(args.input, format=args.format, skip_bad_rows=args.skip_bad_rows)
+    trace.save(args.out)
+    skipped = int(trace.meta.get("skipped_rows", "0"))
+    note = f" ({skipped} bad rows skipped)" if skipped else ""
+    print(f"wrote {len(trace)} requests to {args.out}{note}")
+    return 0
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows)
+    stats = trace_stats(trace)
+    if args.json:
+        print(json.dumps({k: _jsonable(v) for k, v in stats.items()}, indent=1))
+    else:
+        print(f"{args.trace}")
+        print(format_stats(stats))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    trace = load_trace(args.trace, format=args.format)
+    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".png")
+    fig, (ax_rate, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4))
+    t = trace.arrival_s - trace.arrival_s[0]
+    bins = np.arange(0, max(t[-1], 60) + 60, 60)
+    counts, edges = np.histogram(t, bins=bins)
+    ax_rate.step(edges[:-1] / 60, counts, where="post")
+    ax_rate.set_xlabel("minute")
+    ax_rate.set_ylabel("requests per minute")
+    ax_rate.set_title("arrival rate")
+    for name, col in (("input", trace.input_tokens), ("output", trace.output_tokens)):
+        x = np.sort(col)
+        ax_cdf.plot(x, np.arange(1, len(x) + 1) / len(x), label=name)
+    ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("tokens")
+    ax_cdf.set_ylabel("CDF")
+    ax_cdf.set_title("length CDFs")
+    ax_cdf.legend()
+    fig.suptitle(Path(args.trace).name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return 0
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"--param {item!r}: value is not valid YAML") from None
+        if isinstance(params[key.strip()], list):
+            params[key.strip()] = tuple(params[key.strip()])
+    return params
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    trace = generate(args.name, parse_params(args.param), seed=args.seed)
+    trace.save(args.out)
+    print(f"wrote {len(trace)} requests to {args.out}")
+    return 0

@@ -1,0 +1,567 @@
+"""Trace loaders: every real trace format lmsim reads, mapped into the canonical `Trace`.
+
+Owns the `FORMATS` registry (`canonical`, `mooncake`, `bailian`, `claude_code`, `azure`)
+and `load_trace`, which picks a format from the file name or content. Each loader checks
+every row and reports the first bad one as a single line
+`<file>: line <n>: <field> <problem>` (1-based line numbers; for CSV the header is line 1).
+With `skip_bad_rows` the bad rows are dropped instead and counted in
+`trace.meta["skipped_rows"]`.
+
+How each format maps in (details in `traces/README.md`):
+
+- mooncake: `timestamp` ms -> `arrival_s` = ms / 1000; 512-token blocks; ties keep file order.
+- bailian: `timestamp` s; 16-token blocks; `chat_id`/`parent_chat_id` -> `parent_id` (row of
+  the parent turn) and `session_id` (row of the conversation's root turn).
+- claude_code: WEKA sessions, 64-token blocks with per-session ("local") ids, so every
+  session and sub-agent gets a private id range. Sessions are placed on one clock by
+  `CLAUDE_CODE_SESSION_STAGGER_S` (see `ClaudeCodeFormat`).
+- azure: CSV of wall-clock timestamps and lengths; no hash ids (empty lists).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import TraceError
+from ..registry import Registry
+from .trace import Trace, read_parquet
+
+FORMATS: Registry[Any] = Registry("trace format")
+
+# WEKA sessions carry no absolute time. Starting session k (file order) at k * 30 s gives
+# about 120 concurrently open sessions for the shared file's median 60-min session length,
+# a busy but plausible single-tenant cluster; `scale_to_rate` can re-time it afterwards.
+CLAUDE_CODE_SESSION_STAGGER_S = 30.0
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceError(f"{path}: trace file not found")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, not a trace file")
+    if path.stat().st_size == 0:
+        raise TraceError(f"{path}: file is empty (0 bytes)")
+
+
+class _Rows:
+    """Column accumulator for one parse. Python lists live only while parsing; `finish`
+    turns them into numpy arrays and runs the vectorized cross-row checks."""
+
+    def __init__(
+        self, path: Path, skip: bool, block_size: int, *, hashes_required: bool,
+        names: tuple[str, str] = ("input_length", "output_length"),
+    ) -> None:
+        self.names = names
+        self.path = path
+        self.skip = skip
+        self.block_size = block_size
+        self.hashes_required = hashes_required
+        self.line: list[int] = []
+        self.ts: list[float] = []
+        self.inp: list[int] = []
+        self.out: list[int] = []
+        self.nhash: list[int] = []
+        self.hashes: list[int] = []  # flushed into `chunks` to bound Python-int memory
+        self.chunks: list[np.ndarray] = []
+        self.skipped = 0
+
+    def bad(self, line: int, what: str) -> None:
+        if not self.skip:
+            raise TraceError(f"{self.path}: line {line}: {what}")
+        self.skipped += 1
+
+    def length(self, rec: dict[str, Any], key: str, line: int) -> int | None:
+        v = rec.get(key)
+        if v is None:
+            self.bad(line, f"{key} is missing")
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+            self.bad(line, f"{key} must be an integer, got {v!r}")
+            return None
+        if v < 0:
+            self.bad(line, f"{key} must be >= 0, got {v}")
+            return None
+        return int(v)
+
+    def number(self, rec: dict[str, Any], key: str, line: int) -> float | None:
+        v = rec.get(key)
+        if v is None:
+            self.bad(line, f"{key} is missing")
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
+            self.bad(line, f"{key} must be a finite number >= 0, got {v!r}")
+            return None
+        return float(v)
+
+    def hash_list(self, rec: dict[str, Any], key: str, line: int) -> list[int] | None:
+        v = rec.get(key)
+        if v is None:
+            if self.hashes_required:
+                self.bad(line, f"{key} is missing")
+                return None
+            return []
+        if not isinstance(v, list) or not all(type(x) is int for x in v):
+            self.bad(line, f"{key} must be a list of integers")
+            return None
+        return v
+
+    def add(
+        self, line: int, ts: float, inp: int, out: int, hashes: list[int] | np.ndarray
+    ) -> None:
+        self.line.append(line)
+        self.ts.append(ts)
+        self.inp.append(inp)
+        self.out.append(out)
+        self.nhash.append(len(hashes))
+        if isinstance(hashes, np.ndarray):
+            self._flush()
+            self.chunks.append(hashes.astype(np.int64, copy=False))
+        else:
+            self.hashes.extend(hashes)
+            if len(self.hashes) > 1 << 20:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.hashes:
+            self.chunks.append(np.asarray(self.hashes, dtype=np.int64))
+            self.hashes = []
+
+    def finish(self, *, check_order: bool = True) -> tuple[np.ndarray, Trace]:
+        """Vectorized checks (lengths >= 1, hash counts, order); returns (indices of the
+        kept rows among those added, trace)."""
+        line = np.asarray(self.line, dtype=np.int64)
+        ts = np.asarray(self.ts, dtype=np.float64)
+        inp = np.asarray(self.inp, dtype=np.int64)
+        out = np.asarray(self.out, dtype=np.int64)
+        nh = np.asarray(self.nhash, dtype=np.int64)
+        self._flush()
+        values = np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.int64)
+        self.chunks = []
+        offsets = np.zeros(len(nh) + 1, dtype=np.int64)
+        np.cumsum(nh, out=offsets[1:])
+        bs = self.block_size
+        lo = inp // bs
+        hi = -(-inp // bs)
+        bad_hash = (nh < lo) | (nh > hi)
+        if not self.hashes_required:
+            bad_hash &= nh != 0
+        problems = [
+            (inp < 1, lambda i: f"{self.names[0]} must be >= 1, got {inp[i]}"),
+            (out < 1, lambda i: f"{self.names[1]} must be >= 1, got {out[i]}"),
+            (
+                bad_hash,
+                lambda i: f"hash_ids has {nh[i]} ids but {self.names[0]} {inp[i]} with "
+                f"{bs}-token blocks needs {lo[i]}"
+                + ("" if lo[i] == hi[i] else f" to {hi[i]}"),
+            ),
+        ]
+        bad = np.zeros(len(line), dtype=bool)
+        for mask, message in problems:
+            if mask.any():
+                if not self.skip:
+                    raise TraceError(f"{self.path}: line {line[np.argmax(mask)]}: {message(int(np.argmax(mask)))}")
+                bad |= mask
+        if check_order and len(ts) > 1:
+            # A row goes backwards if it is earlier than the latest valid row before it;
+            # judging against the running max keeps one outlier from condemning the rest.
+            ok_ts = np.where(bad, -np.inf, ts)
+            prev_max = np.maximum.accumulate(np.concatenate(([-np.inf], ok_ts[:-1])))
+            back = ts < prev_max
+            if back.any():
+                i = int(np.argmax(back))
+                if not self.skip:
+                    raise TraceError(
+                        f"{self.path}: line {line[i]}: timestamp goes backwards "
+                        f"({ts[i]:g} after {prev_max[i]:g})"
+                    )
+                bad |= back
+        self.skipped += int(bad.sum())
+        trace = Trace(ts, inp, out, offsets, values, bs, source=str(self.path))
+        keep = np.flatnonzero(~bad)
+        if bad.any():
+            trace = trace.take(keep)
+        if len(trace) == 0:
+            raise TraceError(f"{self.path}: no valid rows ({self.skipped} skipped)")
+        trace.meta["skipped_rows"] = str(self.skipped)
+        return keep, trace
+
+
+def _json_lines(path: Path, rows: _Rows):
+    """Yield (1-based line number, dict) for every non-blank line."""
+    with _open_text(path) as fh:
+        for n, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                rows.bad(n, f"record is not valid JSON ({exc.msg} at column {exc.colno})")
+                continue
+            if not isinstance(rec, dict):
+                rows.bad(n, f"record must be a JSON object, got {type(rec).__name__}")
+                continue
+            yield n, rec
+
+
+@FORMATS.register("canonical")
+class CanonicalFormat:
+    """lmsim's own Parquet format (see `lmsim.workload.trace`)."""
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        trace = read_parquet(path)
+        trace.meta.setdefault("skipped_rows", "0")
+        return trace
+
+
+@FORMATS.register("mooncake")
+class MooncakeFormat:
+    """Mooncake/Kimi JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`
+    (512-token blocks, global ids). Ties in timestamp keep file order."""
+
+    block_size = 512
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        _check_file(path)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=True)
+        for n, rec in _json_lines(path, rows):
+            ts = rows.number(rec, "timestamp", n)
+            inp = rows.length(rec, "input_length", n) if ts is not None else None
+            out = rows.length(rec, "output_length", n) if inp is not None else None
+            ids = rows.hash_list(rec, "hash_ids", n) if out is not None else None
+            if ids is not None:
+                rows.add(n, ts / 1000.0, inp, out, ids)
+        _, trace = rows.finish()
+        trace.source = str(path)
+        return trace
+
+
+@FORMATS.register("bailian")
+class BailianFormat:
+    """Qwen Bailian JSONL: `chat_id`, `parent_chat_id` (-1 for roots), `timestamp` (s),
+    `input_length`, `output_length`, `type`, `turn`, `hash_ids` (16-token blocks).
+
+    `parent_id` is the row of the parent chat (-1 if it is a root or not in the file) and
+    `session_id` the row of the conversation's root. `type` and `turn` are not kept: the
+    canonical format has no column for them and `turn` is implied by the parent chain."""
+
+    block_size = 16
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        _check_file(path)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=True)
+        chat: list[int] = []
+        parent: list[int] = []
+        for n, rec in _json_lines(path, rows):
+            cid = rec.get("chat_id")
+            if cid is None or isinstance(cid, bool) or not isinstance(cid, int):
+                rows.bad(n, f"chat_id must be an integer, got {cid!r}")
+                continue
+            pid = rec.get("parent_chat_id", -1)
+            if pid is None or isinstance(pid, bool) or not isinstance(pid, int):
+                rows.bad(n, f"parent_chat_id must be an integer, got {pid!r}")
+                continue
+            ts = rows.number(rec, "timestamp", n)
+            inp = rows.length(rec, "input_length", n) if ts is not None else None
+            out = rows.length(rec, "output_length", n) if inp is not None else None
+            ids = rows.hash_list(rec, "hash_ids", n) if out is not None else None
+            if ids is not None:
+                rows.add(n, ts, inp, out, ids)
+                chat.append(cid)
+                parent.append(pid)
+        keep, trace = rows.finish()
+        chat_a = np.asarray(chat, dtype=np.int64)[keep]
+        parent_a = np.asarray(parent, dtype=np.int64)[keep]
+        trace.parent_id = _rows_of(chat_a, parent_a)
+        trace.session_id = _roots(trace.parent_id)
+        trace.source = str(path)
+        return trace
+
+
+def _rows_of(ids: np.ndarray, refs: np.ndarray) -> np.ndarray:
+    """Row index of the first row whose id equals each ref, -1 where absent or later."""
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    pos = np.searchsorted(sorted_ids, refs)
+    pos_c = np.minimum(pos, max(len(ids) - 1, 0))
+    found = (len(ids) > 0) & (sorted_ids[pos_c] == refs) & (refs >= 0)
+    row = np.where(found, order[pos_c], -1)
+    # a parent must precede its child; a forward reference would make replay impossible
+    return np.where(row < np.arange(len(refs)), row, -1)
+
+
+def _roots(parent: np.ndarray) -> np.ndarray:
+    """Root row of every row's parent chain, by pointer doubling (log depth passes)."""
+    root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    while True:
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            return root
+        root = nxt
+
+
+@FORMATS.register("claude_code")
+class ClaudeCodeFormat:
+    """WEKA Claude Code sessions: one session JSON object per line (optionally gzip), or a
+    single upstream `trace_NNNN.json`. 64-token complete blocks, ids local to a session.
+
+    - Ids: every session, and every sub-agent inside it, is shifted into a private range
+      (offset = 1 + the largest id used so far), since equal local ids in two sessions do
+      not mean equal content.
+    - Clock: session k (0-based, file order) starts at k * `CLAUDE_CODE_SESSION_STAGGER_S`;
+      a request arrives at session start + `t`; sub-agent requests at session start +
+      sub-agent `t` + their own `t`.
+    - Closed loop: each request after the first of its (sub-)session has `after_id` = the
+      previous request's row and `delay_s` = its `think_time`, so a replay keeps the
+      client's think time after the simulated response. `parent_id` is the same row.
+    - `session_id` is the session's index in the file (sub-agents share their parent's).
+    - `out` = 0 (present in the real data) becomes 1, counted in meta
+      `zero_outputs_clamped`; the canonical format needs one output token.
+    """
+
+    block_size = 64
+
+    def __init__(self, *, max_sessions: int | None = None) -> None:
+        self.max_sessions = max_sessions
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        _check_file(path)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=True, names=("in", "out"))
+        clamped = 0
+        sess: list[int] = []
+        prev_in_chain: list[int] = []  # index into rows.* of the previous step, or -1
+        think: list[float] = []
+        next_id = 0
+        count = 0
+        for n, rec in _session_records(path, rows):
+            if self.max_sessions is not None and count >= self.max_sessions:
+                break
+            reqs = rec.get("requests")
+            if not isinstance(reqs, list):
+                rows.bad(n, "requests is missing or not a list")
+                continue
+            start = count * CLAUDE_CODE_SESSION_STAGGER_S
+            # (request list, time offset) for the main loop and each sub-agent loop
+            chains: list[tuple[list[Any], float]] = [(reqs, start)]
+            # per request: (arrival, chain, previous entry or -1, in, out, ids, think)
+            entries: list[tuple[float, int, int, int, int, np.ndarray, float]] = []
+            chain_max: list[int] = []
+            for chain_no, (items, t0) in enumerate(chains):
+                local_max = -1
+                prev = -1
+                for item in items:
+                    if not isinstance(item, dict):
+                        rows.bad(n, "requests entry is not an object")
+                        continue
+                    if item.get("type") == "subagent":
+                        t_sub = rows.number(item, "t", n)
+                        if t_sub is not None and isinstance(item.get("requests"), list):
+                            chains.append((item["requests"], t0 + t_sub))
+                        elif t_sub is not None:
+                            rows.bad(n, "subagent requests is missing or not a list")
+                        continue
+                    t = rows.number(item, "t", n)
+                    inp = rows.length(item, "in", n) if t is not None else None
+                    out = rows.length(item, "out", n) if inp is not None else None
+                    ids = rows.hash_list(item, "hash_ids", n) if out is not None else None
+                    if ids is None:
+                        continue
+                    if out == 0:
+                        # aborted or empty replies exist in the real data; a replay still
+                        # needs one decode step, so they become 1-token outputs (counted)
+                        out = 1
+                        clamped += 1
+                    tt = item.get("think_time", 0.0)
+                    tt = float(tt) if isinstance(tt, int | float) and tt >= 0 else 0.0
+                    arr = np.asarray(ids, dtype=np.int64)
+                    if len(arr):
+                        local_max = max(local_max, int(arr.max()))
+                    entries.append((t0 + t, chain_no, prev, inp, out, arr, tt))
+                    prev = len(entries) - 1
+                chain_max.append(local_max)
+            # each (sub-)session's ids move into a private range
+            bases = np.zeros(len(chain_max), dtype=np.int64)
+            for c, m in enumerate(chain_max):
+                bases[c] = next_id
+                next_id += m + 1
+            first_row = len(rows.line)
+            for arr_t, chain_no, prev, inp, out, ids, tt in entries:
+                rows.add(n, arr_t, inp, out, ids + bases[chain_no])
+                sess.append(count)
+                prev_in_chain.append(first_row + prev if prev >= 0 else -1)
+                think.append(tt)
+            count += 1
+        keep, trace = rows.finish(check_order=False)
+        # rows were added session by session; re-index the previous-step links to the
+        # kept rows, then sort by arrival (stable, so ties keep file order) and let
+        # `take` remap the links
+        remap = np.full(len(prev_in_chain), -1, dtype=np.int64)
+        remap[keep] = np.arange(len(keep))
+        prev = np.asarray(prev_in_chain, dtype=np.int64)[keep]
+        after = np.where(prev >= 0, remap[np.maximum(prev, 0)], -1)
+        trace.after_id = after
+        trace.parent_id = after.copy()
+        trace.delay_s = np.where(after >= 0, np.asarray(think, dtype=np.float64)[keep], 0.0)
+        trace.session_id = np.asarray(sess, dtype=np.int64)[keep]
+        trace = trace.take(np.argsort(trace.arrival_s, kind="stable"))
+        trace.source = str(path)
+        trace.meta["session_stagger_s"] = str(CLAUDE_CODE_SESSION_STAGGER_S)
+        trace.meta["sessions"] = str(count)
+        trace.meta["zero_outputs_clamped"] = str(clamped)
+        return trace
+
+
+def _session_records(path: Path, rows: _Rows):
+    """A single upstream session object, or one session per line."""
+    with _open_text(path) as fh:
+        text = fh.read()
+    stripped = text.lstrip()
+    if stripped.startswith("{") and "\n" not in stripped.rstrip():
+        pass  # one line: handled by the JSONL path below
+    elif stripped.startswith("{"):
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            yield 1, rec
+            return
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            rows.bad(n, f"record is not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(rec, dict):
+            rows.bad(n, f"record must be a JSON object, got {type(rec).__name__}")
+            continue
+        yield n, rec
+
+
+@FORMATS.register("azure")
+class AzureFormat:
+    """Azure LLM inference 2023 CSV: `TIMESTAMP` (datetime, 7 fractional digits),
+    `ContextTokens`, `GeneratedTokens`. No hash ids; `block_size` is recorded as 16 (the
+    engine block) only so the trace is valid. `arrival_s` is relative to the first row."""
+
+    block_size = 16
+    columns = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        _check_file(path)
+        with _open_text(path) as fh:
+            header = fh.readline()
+            body = fh.read().splitlines()
+        names = [h.strip() for h in header.strip().split(",")]
+        for c in self.columns:
+            if c not in names:
+                raise TraceError(f"{path}: line 1: column {c} is missing from the header")
+        ti, ci, gi = (names.index(c) for c in self.columns)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=False)
+        for k, text in enumerate(body):
+            n = k + 2
+            if not text.strip():
+                continue
+            parts = text.split(",")
+            if len(parts) != len(names):
+                rows.bad(n, f"row has {len(parts)} fields, header has {len(names)}")
+                continue
+            ts = _parse_datetime(parts[ti].strip())
+            if ts is None:
+                rows.bad(n, f"TIMESTAMP is not a datetime: {parts[ti].strip()!r}")
+                continue
+            lengths = []
+            for idx, name in ((ci, "ContextTokens"), (gi, "GeneratedTokens")):
+                s = parts[idx].strip()
+                if not s:
+                    rows.bad(n, f"{name} is missing")
+                    break
+                try:
+                    v = int(s)
+                except ValueError:
+                    rows.bad(n, f"{name} must be an integer, got {s!r}")
+                    break
+                if v < 0:
+                    rows.bad(n, f"{name} must be >= 0, got {v}")
+                    break
+                lengths.append(v)
+            if len(lengths) == 2:
+                rows.add(n, ts, lengths[0], lengths[1], [])
+        if not rows.line:
+            raise TraceError(f"{path}: no data rows")
+        _, trace = rows.finish()
+        trace.arrival_s = trace.arrival_s - trace.arrival_s[0]
+        trace.source = str(path)
+        return trace
+
+
+_EPOCH = np.datetime64("2020-01-01T00:00:00", "s")
+
+
+def _parse_datetime(s: str) -> float | None:
+    """Seconds since 2020-01-01 (a near epoch keeps sub-microsecond float precision) of 'YYYY-MM-DD HH:MM:SS[.fffffff]'. Parsed by hand because
+    `%f` accepts at most 6 fractional digits and Azure writes 7."""
+    main, _, frac = s.partition(".")
+    try:
+        whole = np.datetime64(main.replace(" ", "T"), "s")
+    except ValueError:
+        return None
+    if frac and not frac.isdigit():
+        return None
+    return float((whole - _EPOCH).astype(np.int64)) + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def infer_format(path: Path) -> str:
+    """The format of a file from its name or first record; TraceError if unclear."""
+    if path.suffix == ".parquet":
+        return "canonical"
+    _check_file(path)
+    with _open_text(path) as fh:
+        try:
+            head = fh.read(4096)
+        except (UnicodeDecodeError, OSError):
+            head = ""
+    first = head.lstrip().split("\n", 1)[0]
+    if first.replace(" ", "").startswith("TIMESTAMP,"):
+        return "azure"
+    keys = set()
+    if first.startswith("{"):
+        for key in ("chat_id", "hash_id_scope", "requests", "timestamp", "hash_ids"):
+            if f'"{key}"' in first or f'"{key}"' in head:
+                keys.add(key)
+    if "chat_id" in keys:
+        return "bailian"
+    if "hash_id_scope" in keys or "requests" in keys:
+        return "claude_code"
+    if "timestamp" in keys and "hash_ids" in keys:
+        return "mooncake"
+    raise TraceError(
+        f"{path}: cannot tell the trace format from its content; pass --format "
+        f"({', '.join(FORMATS.names())})"
+    )
+
+
+def load_trace(
+    path: str | os.PathLike[str], *, format: str | None = None, skip_bad_rows: bool = False
+) -> Trace:
+    """Load any supported trace into the canonical format."""
+    path = Path(path)
+    name = format or infer_format(path)
+    loader = FORMATS.create(name)
+    return loader.load(path, skip_bad_rows)
