@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import keyword
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -46,10 +47,12 @@ class Registry(Generic[T]):
         )
 
     def parameters(self, name: str) -> dict[str, inspect.Parameter]:
-        """The keyword-only constructor parameters of a plug-in (its YAML `params`)."""
+        """The keyword-only constructor parameters of a plug-in (its YAML `params`), by YAML
+        name: a Python keyword is spelled with a trailing underscore in code (`lambda_`) and
+        without it in YAML (`lambda`)."""
         sig = inspect.signature(self.get(name).__init__)  # type: ignore[misc]
         return {
-            p.name: p
+            _yaml_name(p.name): p
             for p in sig.parameters.values()
             if p.kind is inspect.Parameter.KEYWORD_ONLY
         }
@@ -68,9 +71,16 @@ class Registry(Generic[T]):
                     f"{prefix}{self.kind} {name!r} has no parameter {key!r}{hint} "
                     f"(parameters: {listed})"
                 )
+        kwargs = {allowed[key].name: value for key, value in params.items()}
         try:
-            return cls(**params)
+            return cls(**kwargs)
         except ConfigError:
             raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{prefix}{self.kind} {name!r}: {exc}") from None
+
+
+def _yaml_name(param: str) -> str:
+    if param.endswith("_") and keyword.iskeyword(param[:-1]):
+        return param[:-1]
+    return param

@@ -1,0 +1,117 @@
+"""Shared helpers for the policy families: parameter checks, router-local counters, picks.
+
+Parameter checks raise `ValueError` with one line naming the parameter, the allowed values and
+what was given; the registry prefixes the policy name ("policy 'bailian': param 'lambda' must
+be in [0, 1], got 1.5").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..request import Request
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> float:
+    """Validate a numeric parameter; bools are rejected (YAML `yes` is not a number)."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok_type or (not integer and math.isnan(value)):
+        raise ValueError(f"param {name!r} must be {kind}, got {value!r}")
+    if lo is not None and hi is not None:
+        left = "(" if lo_open else "["
+        if value < lo or value > hi or (lo_open and value == lo):
+            raise ValueError(f"param {name!r} must be in {left}{lo}, {hi}], got {value!r}")
+    elif lo is not None and (value < lo or (lo_open and value == lo)):
+        op = ">" if lo_open else ">="
+        raise ValueError(f"param {name!r} must be {op} {lo}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"param {name!r} must be one of {'|'.join(allowed)}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"param {name!r} must be true or false, got {value!r}")
+    return value
+
+
+class InflightCounter:
+    """Router-local in-flight requests per instance: +1 at dispatch, -1 at completion.
+
+    This is the `load` of SGLang / vLLM-router and AIBrix's `realtime_num_requests_running`
+    (policies.md §0): exact at dispatch, but it counts requests the router sent, not engine
+    R/Q. Keyed by request id so a duplicate or missing `on_finished` cannot drift the count.
+    """
+
+    __slots__ = ("_where", "counts")
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self._where: dict[int, int] = {}
+
+    def ensure(self, n: int) -> None:
+        if len(self.counts) < n:
+            self.counts.extend([0] * (n - len(self.counts)))
+
+    def routed(self, request: Request, instance_id: int) -> None:
+        self.ensure(instance_id + 1)
+        self.counts[instance_id] += 1
+        self._where[request.request_id] = instance_id
+
+    def finished(self, request: Request) -> None:
+        iid = self._where.pop(request.request_id, None)
+        if iid is not None:
+            self.counts[iid] -= 1
+
+
+def argmin_rotating(scores: Sequence[float], start: int) -> int:
+    """First strict minimum scanning from `start` (wrapping): vLLM's tie-break with a moving
+    start index."""
+    n = len(scores)
+    best = start % n
+    best_score = scores[best]
+    for k in range(1, n):
+        i = (start + k) % n
+        if scores[i] < best_score:
+            best, best_score = i, scores[i]
+    return best
+
+
+def pick_min(scores: Sequence[Any], tie_break: str, rng: np.random.Generator, start: int = 0) -> int:
+    """argmin with a named tie-break: 'random' (seeded), 'first' (lowest id) or 'rotate'."""
+    if tie_break == "random":
+        low = min(scores)
+        ties = [i for i, s in enumerate(scores) if s == low]
+        if len(ties) == 1:
+            return ties[0]
+        return ties[int(rng.integers(len(ties)))]
+    if tie_break == "rotate":
+        return argmin_rotating(scores, start)
+    best = 0
+    best_score = scores[0]
+    for i in range(1, len(scores)):
+        if scores[i] < best_score:
+            best, best_score = i, scores[i]
+    return best
+
+
+def capped_blocks(request: Request, block_size: int) -> int:
+    """Prompt blocks a cache hit may cover: the engine always computes at least one token."""
+    return max(0, (request.input_tokens - 1) // block_size)

@@ -1,0 +1,209 @@
+"""Linear-combination policies: Bailian (policies.md §2) and the Dynamo KV router (§3)."""
+
+from __future__ import annotations
+
+import math
+
+from ..request import Request
+from ._common import check_bool, check_choice, check_number, pick_min
+from .base import POLICIES, ClusterView, Policy, argmin_random
+
+
+@POLICIES.register("bailian")
+class Bailian(Policy):
+    """Bailian's production score (policies.md §2):
+    `score_i = λ·(1 − hit_i) + (1 − λ)·norm(BS_i)`, routed to the minimum, where
+    `hit_i = cached_i / input_tokens` and `BS_i = R_i + Q_i`.
+
+    Params:
+      lambda=0.7: λ in [0, 1]; the paper's tuned ChatBot value (0.55 for API). The
+        constructor spells it `lambda_` (a Python keyword); YAML and the registry say `lambda`.
+        λ=1 is pure KV affinity; λ=0 is JSQ on R+Q.
+      normalize="max": [unverified] `BS_i / max_j BS_j` (0 when all are 0); "minmax" is
+        `(BS_i − min)/(max − min)` (0 when all equal).
+      tie_break="random": seeded random among exact ties (spec); "first" = lowest id, which
+        makes λ=0 route exactly like `vllm`.
+    """
+
+    def __init__(
+        self, *, lambda_: float = 0.7, normalize: str = "max", tie_break: str = "random"
+    ) -> None:
+        self.lam = check_number("lambda", lambda_, lo=0, hi=1)
+        self.normalize = check_choice("normalize", normalize, ("max", "minmax"))
+        self.tie_break = check_choice("tie_break", tie_break, ("random", "first"))
+
+    def choose(self, request: Request, cluster: ClusterView) -> int:
+        lam = self.lam
+        cached = cluster.cached_prefix_tokens(request)
+        bs = [v.batch_size for v in cluster.instances]
+        hi = max(bs)
+        if self.normalize == "max":
+            lo, span = 0, hi
+        else:
+            lo = min(bs)
+            span = hi - lo
+        inv_len = 1.0 / max(1, request.input_tokens)
+        inv_span = 1.0 / span if span > 0 else 0.0  # all equal: every instance normalises to 0
+        scores = [
+            lam * (1.0 - c * inv_len) + (1.0 - lam) * ((b - lo) * inv_span)
+            for c, b in zip(cached, bs)
+        ]
+        return pick_min(scores, self.tie_break, self.ctx.rng)
+
+
+class _Live:
+    """Dynamo's record of one routed request: where, its uncached tokens, its blocks."""
+
+    __slots__ = ("hashes", "instance_id", "prefill_tokens")
+
+    def __init__(self, instance_id: int, prefill_tokens: int, hashes: list[int]) -> None:
+        self.instance_id = instance_id
+        self.prefill_tokens = prefill_tokens
+        self.hashes = hashes
+
+
+@POLICIES.register("dynamo")
+class Dynamo(Policy):
+    """NVIDIA Dynamo's KV router cost (policies.md §3a, defaults §3b):
+    `logit_w = overlap_score_weight · (active_prefill_tokens_w + isl − overlap_w·B)/B
+    + active_blocks_w + new_blocks_w(req)`, minimised.
+
+    Router-local state (exact at dispatch, as in Dynamo's `ActiveSequences`):
+      * active_prefill_tokens_w: uncached prompt tokens of requests routed to w, released at
+        their first token;
+      * active_blocks_w: distinct block hashes held by live requests on w (shared prefixes
+        count once); a request's blocks are its full-block hashes plus one unique block for a
+        partial tail and for full blocks the trace leaves unhashed; released at completion.
+
+    The overlap (cached blocks) comes from the cluster view, so `kv_view: events` reproduces
+    Dynamo's default KV-event mode and `kv_view: approximate` with `approx_ttl_s: 120` its
+    `--no-kv-events` mode. The engine caps a hit at `input − 1` tokens; Dynamo's indexer does
+    not, which only matters when a whole prompt is cached.
+
+    Params:
+      overlap_score_weight=1.0 (>= 0)
+      temperature=0.0: 0 = greedy with uniformly random ties; > 0 samples w with
+        P ∝ exp(−(logit − min)/((max − min)·T)), uniform if all logits are equal.
+      track_active_blocks=True, track_prefill_tokens=True: Dynamo's
+        `router_track_active_blocks` / `router_track_prefill_tokens`; off drops the term.
+    Not modelled: `router_queue_threshold` (off), host/disk tier credits, replica sync.
+    """
+
+    def __init__(
+        self,
+        *,
+        overlap_score_weight: float = 1.0,
+        temperature: float = 0.0,
+        track_active_blocks: bool = True,
+        track_prefill_tokens: bool = True,
+    ) -> None:
+        self.w = check_number("overlap_score_weight", overlap_score_weight, lo=0)
+        self.temperature = check_number("temperature", temperature, lo=0)
+        self.track_blocks = check_bool("track_active_blocks", track_active_blocks)
+        self.track_prefill = check_bool("track_prefill_tokens", track_prefill_tokens)
+        self.active_prefill: list[int] = []
+        self.active_blocks: list[dict[int, int]] = []  # per worker: hash -> live refcount
+        self.active_unique: list[int] = []  # per worker: blocks no other request can share
+        self._live: dict[int, _Live] = {}
+        self._last: tuple[int, list[int]] | None = None  # (request_id, cached tokens)
+
+    def _ensure(self, n: int) -> None:
+        while len(self.active_prefill) < n:
+            self.active_prefill.append(0)
+            self.active_blocks.append({})
+            self.active_unique.append(0)
+
+    @staticmethod
+    def _shared_leading(active: dict[int, int], hashes: list[int]) -> int:
+        """Leading request blocks already held by live sequences on the worker. The held set
+        is prefix-closed (every live request holds all its leading blocks and hashes are
+        chained), so a binary search suffices."""
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in active:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def choose(self, request: Request, cluster: ClusterView) -> int:
+        return self._select(self.logits(request, cluster))
+
+    def logits(self, request: Request, cluster: ClusterView) -> list[float]:
+        """Dynamo's per-worker cost for `request` (lower is better)."""
+        n = len(cluster.instances)
+        self._ensure(n)
+        bsz = cluster.block_size
+        isl = request.input_tokens
+        cached = cluster.cached_prefix_tokens(request)
+        self._last = (request.request_id, cached)
+        hashes = request.block_hashes
+        total_blocks = -(-isl // bsz)
+        w = self.w
+        logits = []
+        for i in range(n):
+            new_tokens = max(0, isl - cached[i])
+            prefill = new_tokens + (self.active_prefill[i] if self.track_prefill else 0)
+            logit = w * prefill / bsz
+            if self.track_blocks:
+                active = self.active_blocks[i]
+                shared = self._shared_leading(active, hashes) if active else 0
+                logit += len(active) + self.active_unique[i] + (total_blocks - shared)
+            logits.append(logit)
+        return logits
+
+    def _select(self, logits: list[float]) -> int:
+        rng = self.ctx.rng
+        if self.temperature == 0:
+            return argmin_random(logits, rng)
+        lo, hi = min(logits), max(logits)
+        if hi == lo:
+            return int(rng.integers(len(logits)))
+        scale = (hi - lo) * self.temperature
+        weights = [math.exp(-(x - lo) / scale) for x in logits]
+        total = sum(weights)
+        u = rng.random() * total
+        acc = 0.0
+        for i, wt in enumerate(weights):
+            acc += wt
+            if u < acc:
+                return i
+        return len(weights) - 1
+
+    def on_routed(self, request: Request, instance_id: int) -> None:
+        self._ensure(instance_id + 1)
+        cached = 0
+        if self._last is not None and self._last[0] == request.request_id:
+            cached = self._last[1][instance_id]
+        prefill = max(0, request.input_tokens - cached)
+        hashes = list(request.block_hashes)
+        active = self.active_blocks[instance_id]
+        for h in hashes:
+            active[h] = active.get(h, 0) + 1
+        bsz = self.ctx.block_size
+        unique = -(-request.input_tokens // bsz) - len(hashes)
+        self.active_unique[instance_id] += unique
+        self.active_prefill[instance_id] += prefill
+        self._live[request.request_id] = _Live(instance_id, prefill, hashes)
+
+    def on_first_token(self, request: Request) -> None:
+        rec = self._live.get(request.request_id)
+        if rec is not None and rec.prefill_tokens:
+            self.active_prefill[rec.instance_id] -= rec.prefill_tokens
+            rec.prefill_tokens = 0
+
+    def on_finished(self, request: Request) -> None:
+        rec = self._live.pop(request.request_id, None)
+        if rec is None:
+            return
+        i = rec.instance_id
+        self.active_prefill[i] -= rec.prefill_tokens
+        active = self.active_blocks[i]
+        for h in rec.hashes:
+            left = active[h] - 1
+            if left:
+                active[h] = left
+            else:
+                del active[h]
+        self.active_unique[i] -= -(-request.input_tokens // self.ctx.block_size) - len(rec.hashes)

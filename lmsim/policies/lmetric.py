@@ -1,0 +1,252 @@
+"""LMetric, the reproduced paper: route to the minimum of P-token × BS (policies.md §9), and
+its KV$-hotspot detector (§9c, §9d)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..request import Request
+from ._common import (
+    InflightCounter,
+    capped_blocks,
+    check_bool,
+    check_choice,
+    check_number,
+    pick_min,
+)
+from .base import POLICIES, ClusterView, Policy
+
+
+def lmetric_pick(
+    p_tokens: Sequence[Any],
+    batch_sizes: Sequence[Any],
+    rng: np.random.Generator,
+    tie_break: str = "random",
+    start: int = 0,
+) -> int:
+    """argmin of `p_tokens[i] · batch_sizes[i]`. With ints (or Fractions) the products are
+    exact, so rescaling every P by α > 0 or every BS by β > 0 scales every score by the same
+    factor and changes neither the minimum nor the set of ties (hence not the seeded pick)."""
+    return pick_min([p * b for p, b in zip(p_tokens, batch_sizes)], tie_break, rng, start)
+
+
+@POLICIES.register("lmetric")
+class LMetric(Policy):
+    """LMetric (policies.md §9a): `score_i = P_token_i × BS_i`, routed to the minimum.
+
+    Params (the paper's exact definitions are TODO in the spec; defaults follow its
+    recommendation):
+      p_token="instance_total": `pending_prefill_tokens_i + (input − cached_i)`, the new
+        prefill tokens instance i would hold; "request": `input − cached_i` only.
+      bs_plus_one=False: BS_i = R_i + Q_i; True adds 1 (as three of four third-party
+        reimplementations do), which removes the empty-batch degeneracy where every idle
+        instance scores 0 whatever its cache.
+      bs_source="engine": R_i + Q_i from the instance; "inflight": the router's own count of
+        requests dispatched and not finished.
+      tie_break="random": seeded uniform among equal scores; "rotate": first strict minimum
+        scanning from a start index that advances by one per decision (vLLM-router style);
+        "first": lowest instance id.
+    Scores are integer products, so the decision is exactly invariant to rescaling either
+    factor (tested as a property).
+    """
+
+    def __init__(
+        self,
+        *,
+        p_token: str = "instance_total",
+        bs_plus_one: bool = False,
+        bs_source: str = "engine",
+        tie_break: str = "random",
+    ) -> None:
+        self.p_token = check_choice("p_token", p_token, ("instance_total", "request"))
+        self.bs_plus_one = check_bool("bs_plus_one", bs_plus_one)
+        self.bs_source = check_choice("bs_source", bs_source, ("engine", "inflight"))
+        self.tie_break = check_choice("tie_break", tie_break, ("random", "rotate", "first"))
+        self.inflight = InflightCounter()
+        self._start = 0
+
+    def factors(
+        self, request: Request, cluster: ClusterView, cached: list[int]
+    ) -> tuple[list[int], list[int]]:
+        inst = cluster.instances
+        isl = request.input_tokens
+        if self.p_token == "instance_total":
+            p = [v.pending_prefill_tokens + isl - c for v, c in zip(inst, cached)]
+        else:
+            p = [isl - c for c in cached]
+        if self.bs_source == "engine":
+            bs = [v.batch_size for v in inst]
+        else:
+            self.inflight.ensure(len(inst))
+            bs = self.inflight.counts[: len(inst)]
+        if self.bs_plus_one:
+            bs = [b + 1 for b in bs]
+        return p, bs
+
+    def _pick(self, p: list[int], bs: list[int]) -> int:
+        start = self._start
+        if self.tie_break == "rotate":
+            self._start = (start + 1) % len(p)
+        return lmetric_pick(p, bs, self.ctx.rng, self.tie_break, start)
+
+    def choose(self, request: Request, cluster: ClusterView) -> int:
+        p, bs = self.factors(request, cluster, cluster.cached_prefix_tokens(request))
+        return self._pick(p, bs)
+
+    def on_routed(self, request: Request, instance_id: int) -> None:
+        if self.bs_source == "inflight":
+            self.inflight.routed(request, instance_id)
+
+    def on_finished(self, request: Request) -> None:
+        if self.bs_source == "inflight":
+            self.inflight.finished(request)
+
+
+@POLICIES.register("lmetric_hotspot")
+class LMetricHotspot(LMetric):
+    """LMetric plus the KV$-hotspot detector (policies.md §9c/§9d; reconstructed, unverified).
+
+    Class of a request: `class_by="prefix"` (default) is its prefix at `prefix_depth_blocks`
+    engine blocks (`block_hashes[d-1]`, or the last full block when shorter; prompts with no
+    full block have no class); `class_by="class_id"` uses the trace's class id, falling back to
+    the prefix when it is -1.
+
+    Over a sliding `window_s` window the detector counts arrivals per class and the KV hit
+    tokens they got; every `refresh_s` it re-selects the `top_k` classes with the most hit
+    tokens, and only those are checked. For a request of a tracked class: x = class share of
+    the window's arrivals (this one included), M = instances whose cache holds the class
+    prefix (hit ≥ the prefix depth), M̄ the rest. Eq. 2 is violated when
+    `x/(1 − x) > |M|/|M̄|` (compared as `count_c·|M̄| > |M|·(total − count_c)`, exact), and
+    only if |M| ≥ 1, |M̄| ≥ 1 and the window holds at least `min_window_requests` arrivals
+    (so a cold start, where the first request has x = 1, raises no alarm). While violated the
+    class's requests are routed by the LMetric score over M̄ only.
+
+    Every alarm onset is recorded as a `hotspot_alarm` router event (time, class_id, x,
+    m = |M|, num_instances) and kept in `self.alarms`; its end as `hotspot_clear`.
+
+    Params: window_s=60 (> 0), class_by="prefix", prefix_depth_blocks=8 (>= 1; 128 tokens,
+      about a system prompt), top_k=8 (>= 1), refresh_s=1.0 (> 0), min_window_requests=20
+      (>= 1), plus every `lmetric` param.
+    """
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 60.0,
+        class_by: str = "prefix",
+        prefix_depth_blocks: int = 8,
+        top_k: int = 8,
+        refresh_s: float = 1.0,
+        min_window_requests: int = 20,
+        p_token: str = "instance_total",
+        bs_plus_one: bool = False,
+        bs_source: str = "engine",
+        tie_break: str = "random",
+    ) -> None:
+        super().__init__(
+            p_token=p_token, bs_plus_one=bs_plus_one, bs_source=bs_source, tie_break=tie_break
+        )
+        self.window_s = check_number("window_s", window_s, lo=0, lo_open=True)
+        self.class_by = check_choice("class_by", class_by, ("prefix", "class_id"))
+        self.depth = check_number("prefix_depth_blocks", prefix_depth_blocks, lo=1, integer=True)
+        self.top_k = check_number("top_k", top_k, lo=1, integer=True)
+        self.refresh_s = check_number("refresh_s", refresh_s, lo=0, lo_open=True)
+        self.min_requests = check_number(
+            "min_window_requests", min_window_requests, lo=1, integer=True
+        )
+        self._window: deque[tuple[float, int | None, int]] = deque()  # (t, class, hit tokens)
+        self.counts: dict[int, int] = {}
+        self.hits: dict[int, int] = {}
+        self.tracked: set[int] = set()
+        self._next_refresh = 0.0
+        self.alarmed: set[int] = set()
+        self.alarms: list[dict[str, Any]] = []
+        self.filtered_decisions = 0
+
+    def request_class(self, request: Request) -> int | None:
+        if self.class_by == "class_id" and request.class_id >= 0:
+            return request.class_id
+        hashes = request.block_hashes
+        if not hashes:
+            return None
+        return hashes[min(self.depth, len(hashes)) - 1]
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        window, counts, hits = self._window, self.counts, self.hits
+        while window and window[0][0] <= horizon:
+            _, c, h = window.popleft()
+            if c is None:
+                continue
+            left = counts[c] - 1
+            if left:
+                counts[c] = left
+                hits[c] -= h
+            else:
+                del counts[c]
+                del hits[c]
+
+    def _refresh(self, now: float) -> None:
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + self.refresh_s
+        ranked = sorted((h, c) for c, h in self.hits.items() if h > 0)
+        self.tracked = {c for _, c in ranked[-self.top_k :]}
+        for cls in sorted(self.alarmed - self.tracked):
+            # A class that drops out of the top K is no longer watched: end its alarm.
+            self.alarmed.discard(cls)
+            self.ctx.record_event(
+                "hotspot_clear", time=now, class_id=cls, x=None, m=None, num_instances=None
+            )
+
+    def choose(self, request: Request, cluster: ClusterView) -> int:
+        now = cluster.now
+        cached = cluster.cached_prefix_tokens(request)
+        p, bs = self.factors(request, cluster, cached)
+        cls = self.request_class(request)
+        self._expire(now)
+        self._refresh(now)
+        total = len(self._window) + 1
+        allowed: list[int] | None = None
+        if cls is not None and cls in self.tracked:
+            bsz = cluster.block_size
+            need = min(self.depth, len(request.block_hashes), capped_blocks(request, bsz)) * bsz
+            n = len(cached)
+            members = [i for i in range(n) if cached[i] >= need and need > 0]
+            m = len(members)
+            mbar = n - m
+            count = self.counts.get(cls, 0) + 1
+            violated = (
+                total >= self.min_requests and m >= 1 and mbar >= 1
+                and count * mbar > m * (total - count)
+            )
+            if violated:
+                if cls not in self.alarmed:
+                    self.alarmed.add(cls)
+                    alarm = {"time": now, "class_id": cls, "x": count / total, "m": m,
+                             "num_instances": n}
+                    self.alarms.append(alarm)
+                    self.ctx.record_event("hotspot_alarm", **alarm)
+                in_m = set(members)
+                allowed = [i for i in range(n) if i not in in_m]
+                self.filtered_decisions += 1
+            elif cls in self.alarmed:
+                self.alarmed.discard(cls)
+                self.ctx.record_event(
+                    "hotspot_clear", time=now, class_id=cls, x=count / total, m=m,
+                    num_instances=n,
+                )
+        if allowed is None:
+            choice = self._pick(p, bs)
+        else:
+            sub = self._pick([p[i] for i in allowed], [bs[i] for i in allowed])
+            choice = allowed[sub]
+        self._window.append((now, cls, cached[choice]))
+        if cls is not None:
+            self.counts[cls] = self.counts.get(cls, 0) + 1
+            self.hits[cls] = self.hits.get(cls, 0) + cached[choice]
+        return choice

@@ -1,0 +1,300 @@
+"""Router-state realism: what the router believes about the instances (policies.md §0).
+
+`ViewAdapter` sits between the engine's exact `ClusterView` and a policy. Two independent
+switches:
+
+* `kv_view` — where `cached_prefix_tokens` comes from:
+  - `exact` (default): the instances' true prefix caches, at decision time;
+  - `approximate`: the router's own index of the prompts it routed (block hash -> instance ->
+    last routed time), expired after `approx_ttl_s` and LRU-bounded to
+    `approx_capacity_blocks` hashes; it never hears about engine evictions (SGLang, AIBrix,
+    llm-d approx, Dynamo `--no-kv-events`);
+  - `events`: a replica of the caches built from the instances' KV stored/removed events,
+    each applied `kv_event_delay_s` after it happened (Dynamo / llm-d precise).
+* `load_view` — the per-instance load fields (`num_running`, `num_waiting`, `batch_size`,
+  `pending_prefill_tokens`, `kv_usage`, `queued_prefills()`, ...):
+  - `exact` (default): live at decision time;
+  - `scraped`: a snapshot refreshed every `scrape_interval_s` (Prometheus-style scraping).
+
+With both switches exact, `wrap` returns the engine's view itself: zero overhead.
+Router-local counters (in-flight requests, Dynamo's active blocks) are not affected: policies
+keep those themselves, exact at dispatch, as the real routers do.
+
+Approximate and event views apply the engine's cap (a hit covers at most
+`(input_tokens - 1) // block_size` blocks) so that modes differ only in what they know.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..request import Request
+from ._common import capped_blocks, check_choice, check_number
+from .base import ClusterView, InstanceView, RouterContext
+
+_LOAD_FIELDS = (
+    "num_running",
+    "num_waiting",
+    "batch_size",
+    "num_prefilling",
+    "pending_prefill_tokens",
+    "total_tokens",
+    "decode_context_tokens",
+    "kv_usage",
+    "num_free_blocks",
+    "num_total_blocks",
+)
+
+
+def _leading_matches(hashes: Sequence[int], limit: int, n: int, holders) -> list[int]:
+    """Per instance, how many of the first `limit` hashes it holds consecutively from the
+    start. `holders(h)` is a bitmask of instances holding h. One pass over the prompt."""
+    out = [0] * n
+    alive = (1 << n) - 1
+    for j in range(limit):
+        held = holders(hashes[j]) & alive
+        dropped = alive & ~held
+        if dropped:
+            i = 0
+            while dropped:
+                if dropped & 1:
+                    out[i] = j
+                dropped >>= 1
+                i += 1
+            alive = held
+        if not alive:
+            return out
+    i = 0
+    while alive:
+        if alive & 1:
+            out[i] = limit
+        alive >>= 1
+        i += 1
+    return out
+
+
+class ApproxPrefixIndex:
+    """The router's record of where it sent each prompt block; no eviction feedback."""
+
+    def __init__(self, num_instances: int, ttl_s: float, capacity_blocks: int) -> None:
+        self.n = num_instances
+        self.ttl_s = ttl_s
+        self.capacity = capacity_blocks
+        # hash -> {instance: last routed time}; OrderedDict order is LRU over hashes.
+        self._entries: OrderedDict[int, dict[int, float]] = OrderedDict()
+
+    def insert(self, hashes: Sequence[int], instance_id: int, now: float) -> None:
+        entries = self._entries
+        for h in hashes:
+            e = entries.get(h)
+            if e is None:
+                entries[h] = {instance_id: now}
+            else:
+                e[instance_id] = now
+                entries.move_to_end(h)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def match_tokens(self, request: Request, block_size: int, now: float) -> list[int]:
+        limit = min(len(request.block_hashes), capped_blocks(request, block_size))
+        entries = self._entries
+        horizon = now - self.ttl_s
+
+        def holders(h: int) -> int:
+            e = entries.get(h)
+            if not e:
+                return 0
+            mask = 0
+            for i, t in e.items():
+                if t >= horizon:  # lazily expired: an idle entry older than the TTL is gone
+                    mask |= 1 << i
+            return mask
+
+        return [b * block_size for b in _leading_matches(request.block_hashes, limit, self.n, holders)]
+
+
+class EventPrefixIndex:
+    """A replica of the instances' caches from KV events, each visible after a delay."""
+
+    def __init__(self, num_instances: int, delay_s: float) -> None:
+        self.n = num_instances
+        self.delay_s = delay_s
+        self._holders: dict[int, int] = {}
+        self._pending: deque[tuple[float, int, int, bool]] = deque()
+
+    def on_event(self, instance_id: int, block_hash: int, stored: bool, now: float) -> None:
+        if self.delay_s <= 0:
+            self._apply(instance_id, block_hash, stored)
+        else:
+            self._pending.append((now + self.delay_s, instance_id, block_hash, stored))
+
+    def _apply(self, instance_id: int, block_hash: int, stored: bool) -> None:
+        bit = 1 << instance_id
+        if stored:
+            self._holders[block_hash] = self._holders.get(block_hash, 0) | bit
+        else:
+            mask = self._holders.get(block_hash, 0) & ~bit
+            if mask:
+                self._holders[block_hash] = mask
+            else:
+                self._holders.pop(block_hash, None)
+
+    def catch_up(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            _, iid, h, stored = pending.popleft()
+            self._apply(iid, h, stored)
+
+    def match_tokens(self, request: Request, block_size: int, now: float) -> list[int]:
+        self.catch_up(now)
+        limit = min(len(request.block_hashes), capped_blocks(request, block_size))
+        get = self._holders.get
+        blocks = _leading_matches(request.block_hashes, limit, self.n, lambda h: get(h, 0))
+        return [b * block_size for b in blocks]
+
+
+class _InstanceProxy:
+    """An instance as the router sees it: load from a snapshot (scraped mode) or the live
+    view, and the prefix hit from the adapter's KV view."""
+
+    def __init__(self, adapter: ViewAdapter, live: InstanceView, snapshot: dict | None) -> None:
+        self._adapter = adapter
+        self._live = live
+        self._snap = snapshot
+        self.instance_id = live.instance_id
+
+    def __getattr__(self, name: str) -> Any:
+        snap = self._snap
+        if snap is not None and name in snap:
+            return snap[name]
+        return getattr(self._live, name)
+
+    def queued_prefills(self) -> list[tuple[int, int]]:
+        if self._snap is not None:
+            return list(self._snap["queued_prefills"])
+        return self._live.queued_prefills()
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return self._adapter._cached_vector(request)[self.instance_id]
+
+
+class _AdaptedCluster:
+    def __init__(self, adapter: ViewAdapter, base: ClusterView) -> None:
+        self._adapter = adapter
+        self._base = base
+        self.block_size = base.block_size
+        self.instances: list[Any] = []
+
+    @property
+    def now(self) -> float:
+        return self._base.now
+
+    def cached_prefix_tokens(self, request: Request) -> list[int]:
+        return list(self._adapter._cached_vector(request))
+
+
+class ViewAdapter:
+    """Turns the engine's exact cluster view into the router's view (see module docstring).
+
+    Call order: `bind(ctx)` once, then per request `wrap(cluster)` -> policy -> `on_routed`.
+    """
+
+    def __init__(
+        self,
+        *,
+        kv_view: str = "exact",
+        kv_event_delay_s: float = 0.05,
+        approx_ttl_s: float = 120.0,
+        approx_capacity_blocks: int = 200000,
+        load_view: str = "exact",
+        scrape_interval_s: float = 0.1,
+    ) -> None:
+        self.kv_view = check_choice("kv_view", kv_view, ("exact", "approximate", "events"))
+        self.kv_event_delay_s = check_number("kv_event_delay_s", kv_event_delay_s, lo=0)
+        self.approx_ttl_s = check_number("approx_ttl_s", approx_ttl_s, lo=0, lo_open=True)
+        self.approx_capacity_blocks = check_number(
+            "approx_capacity_blocks", approx_capacity_blocks, lo=1, integer=True
+        )
+        self.load_view = check_choice("load_view", load_view, ("exact", "scraped"))
+        self.scrape_interval_s = check_number(
+            "scrape_interval_s", scrape_interval_s, lo=0, lo_open=True
+        )
+        self.ctx: RouterContext | None = None
+        self.approx: ApproxPrefixIndex | None = None
+        self.events: EventPrefixIndex | None = None
+        self._base: ClusterView | None = None
+        self._wrapped: _AdaptedCluster | None = None
+        self._snapshots: list[dict] | None = None
+        self._memo: tuple[int, float, list[int]] | None = None
+
+    @property
+    def is_exact(self) -> bool:
+        return self.kv_view == "exact" and self.load_view == "exact"
+
+    def bind(self, ctx: RouterContext) -> None:
+        self.ctx = ctx
+        if self.kv_view == "approximate":
+            self.approx = ApproxPrefixIndex(
+                ctx.num_instances, self.approx_ttl_s, self.approx_capacity_blocks
+            )
+        elif self.kv_view == "events":
+            self.events = EventPrefixIndex(ctx.num_instances, self.kv_event_delay_s)
+            ctx.subscribe_kv_events(self.events.on_event)
+        if self.load_view == "scraped":
+            ctx.every(self.scrape_interval_s, self._scrape)
+
+    def _scrape(self, now: float) -> None:
+        if self._base is None:
+            return  # nothing routed yet: the first wrap takes the first snapshot
+        snaps = []
+        for v in self._base.instances:
+            snap = {f: getattr(v, f) for f in _LOAD_FIELDS}
+            snap["queued_prefills"] = tuple(v.queued_prefills())
+            snaps.append(snap)
+        self._snapshots = snaps
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        assert self._base is not None and self._wrapped is not None
+        snaps = self._snapshots
+        self._wrapped.instances = [
+            _InstanceProxy(self, v, snaps[k] if snaps is not None else None)
+            for k, v in enumerate(self._base.instances)
+        ]
+
+    def wrap(self, cluster: ClusterView) -> ClusterView:
+        if self.is_exact:
+            return cluster
+        if cluster is not self._base:
+            self._base = cluster
+            self._wrapped = _AdaptedCluster(self, cluster)
+            if self.load_view == "scraped":
+                self._scrape(cluster.now)  # first snapshot; later ones come from ctx.every
+            else:
+                self._rebuild()
+        assert self._wrapped is not None
+        return self._wrapped  # type: ignore[return-value]
+
+    def _cached_vector(self, request: Request) -> list[int]:
+        base = self._base
+        assert base is not None
+        now = base.now
+        memo = self._memo
+        if memo is not None and memo[0] == request.request_id and memo[1] == now:
+            return memo[2]
+        if self.approx is not None:
+            out = self.approx.match_tokens(request, base.block_size, now)
+        elif self.events is not None:
+            out = self.events.match_tokens(request, base.block_size, now)
+        else:
+            out = base.cached_prefix_tokens(request)
+        self._memo = (request.request_id, now, out)
+        return out
+
+    def on_routed(self, request: Request, instance_id: int) -> None:
+        if self.approx is not None:
+            assert self.ctx is not None
+            self.approx.insert(request.block_hashes, instance_id, self.ctx.now())
+            self._memo = None
