@@ -7,10 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from lmsim.errors import ConfigError
-from lmsim.policies import POLICIES
-from tests.fakes import (
+from fakes import (
     BLOCK,
     FakeContext,
     cluster_of,
@@ -19,6 +16,9 @@ from tests.fakes import (
     make_request,
     route,
 )
+
+from lmsim.errors import ConfigError
+from lmsim.policies import POLICIES
 
 
 def request_with_prefix(tag, shared_blocks, total_tokens, **kw):

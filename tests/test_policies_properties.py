@@ -5,11 +5,11 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
+from fakes import FakeContext, cluster_of, make_policy, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmsim.policies.lmetric import lmetric_pick
-from tests.fakes import FakeContext, cluster_of, make_policy, make_request
 
 n_inst = st.integers(1, 8)
 positive = st.fractions(min_value=Fraction(1, 1000), max_value=1000).filter(lambda f: f > 0)

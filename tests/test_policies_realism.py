@@ -6,11 +6,11 @@ import math
 import re
 
 import pytest
+from fakes import FakeContext, FakeInstance, cluster_of, make_request
 
 from lmsim.policies.predictive import estimate_ttft
 from lmsim.policies.views import ViewAdapter
 from lmsim.profile import LinearCostModel
-from tests.fakes import FakeContext, FakeInstance, cluster_of, make_request
 
 LIN = LinearCostModel(
     step_base_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3, per_context_token_s=1e-6
@@ -147,7 +147,7 @@ def test_adapter_rejects_bad_modes():
 
 
 def test_policy_runs_on_an_adapted_view():
-    from tests.fakes import make_policy, route
+    from fakes import make_policy, route
 
     ctx = FakeContext()
     c = cluster_of(ctx=ctx, num_running=[2, 2, 2])
