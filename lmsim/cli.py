@@ -4,6 +4,8 @@ failures print one line and exit 2 (`--debug` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -107,18 +109,27 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+# Modules that add subcommands through `register_cli(subparsers)`.
+COMMAND_MODULES = (
+    "lmsim.profile.commands",
+    "lmsim.workload.commands",
+    "lmsim.capacity",
+    "lmsim.sweep",
+    "lmsim.figures",
+    "lmsim.report",
+    "lmsim.bench",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmsim", description="LLM serving cluster simulator")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
-    for module in ("lmsim.profile.commands", "lmsim.workload.commands", "lmsim.experiments",
-                   "lmsim.capacity", "lmsim.bench"):
-        try:
-            mod = __import__(module, fromlist=["register_cli"])
-        except ImportError:
-            continue
-        register = getattr(mod, "register_cli", None)
+    for module in COMMAND_MODULES:
+        if importlib.util.find_spec(module) is None:
+            continue  # a command family not built yet
+        register = getattr(importlib.import_module(module), "register_cli", None)
         if register is not None:
             register(sub)
     return parser
