@@ -1,0 +1,224 @@
+"""Cluster capacity: the highest arrival rate a trace can be replayed at without the cluster
+falling behind, found offline as the study does, so `workload.load: 0.5` means "half of the
+maximum rate".
+
+Search. The workload (after its window and limit, before any rescaling) is replayed under
+the `vllm` policy at rates `r` obtained by time-scaling it; the rate is bracketed by
+doubling or halving from the trace's own rate, then bisected until the bracket is within
+`rel_tol`. Only the first `probe_requests` requests are replayed per probe, which keeps a
+search to a few seconds per probe.
+
+Sustainability criterion (documented in the README): a rate is sustainable when
+1. throughput keeps up: the probe drains soon after its last arrival, i.e. every request
+   has its first token, and every request has finished within `drain_factor` x the longest
+   isolated service time of any probe request (its prefill alone on an idle instance plus
+   its decode steps at batch size 1) after the last arrival; and
+2. the queue does not grow: the mean TTFT of the requests arriving in the last quarter of
+   the span is at most `growth_factor` x that of the second quarter plus `growth_slack_s`.
+At an overloaded rate the backlog grows over the run, so TTFT grows and the drain takes
+far longer than any single request; below capacity TTFT is flat and the drain is short.
+
+Results are cached in `~/.cache/lmsim/capacity.json`, keyed by a digest of the probe trace,
+the profile and every cluster field that affects service, and the criterion's parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ExperimentConfig
+from .errors import ConfigError
+from .workload.scaling import mean_rate, scale_to_rate
+from .workload.trace import Trace
+
+CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
+CRITERION_VERSION = 2
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    probe_requests: int = 8000
+    rel_tol: float = 0.03
+    drain_factor: float = 2.0
+    drain_slack_s: float = 1.0
+    growth_factor: float = 1.5
+    growth_slack_s: float = 0.5
+    max_probes: int = 24
+
+
+@dataclass
+class Probe:
+    rate: float
+    sustainable: bool
+    reason: str
+
+
+def probe_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as the search replays it: the vllm policy, exact views, no checks."""
+    router = config.router.model_copy(update={"policy": "vllm", "params": {}, "view": {}})
+    sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
+    return config.model_copy(update={"router": router, "simulation": sim})
+
+
+def isolated_service_time(cost_model: Any, input_tokens: int, output_tokens: int, budget: int) -> float:
+    """Seconds one request takes alone on an idle instance: chunked prefill, then its
+    decode steps at batch size 1 (context taken at the end of the prompt)."""
+    total = 0.0
+    done = 0
+    while done < input_tokens:
+        q = min(budget, input_tokens - done)
+        total += cost_model.step_time([(q, done)], 0, 0)
+        done += q
+    if output_tokens > 1:
+        total += (output_tokens - 1) * cost_model.step_time((), 1, input_tokens + 1)
+    return total
+
+
+def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> tuple[bool, str]:
+    from .profile import load_cost_model
+    from .simulation import Simulation
+
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    cost_model = load_cost_model(config.cluster.profile)
+    budget = config.cluster.max_num_batched_tokens
+    longest = max(
+        isolated_service_time(cost_model, int(i), int(o), budget)
+        for i, o in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
+    )
+    drain = search.drain_factor * longest + search.drain_slack_s
+    cfg = probe_config(config)
+    cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
+    results = Simulation(cfg, trace).run()
+    req = results.requests
+    arrived = ~np.isnan(req["arrived_at"].to_numpy())
+    unfinished = int(np.isnan(req["finished_at"].to_numpy()[arrived]).sum())
+    if unfinished:
+        return False, f"{unfinished} requests unfinished {drain:.1f}s after the last arrival"
+    t0 = float(trace.arrival_s[0])
+    pos = (req["arrived_at"].to_numpy() - t0) / span if span > 0 else np.zeros(len(req))
+    ttft = req["ttft_s"].to_numpy()
+    second = ttft[(pos >= 0.25) & (pos < 0.5)]
+    last = ttft[pos >= 0.75]
+    if len(second) and len(last):
+        q2, q4 = float(np.mean(second)), float(np.mean(last))
+        if q4 > search.growth_factor * q2 + search.growth_slack_s:
+            return False, f"TTFT grows: {q2:.2f}s in the 2nd quarter, {q4:.2f}s in the last"
+    return True, "ok"
+
+
+def cache_key(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> str:
+    digest = hashlib.sha256()
+    for array in (trace.arrival_s, trace.input_tokens, trace.output_tokens, trace.hash_offsets, trace.hash_values,
+                  trace.column("after_id"), trace.column("delay_s")):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(str(trace.block_size).encode())
+    cluster = config.cluster.model_dump(mode="json")
+    cluster.pop("max_waiting", None)
+    payload = {"cluster": cluster, "search": search.__dict__, "version": CRITERION_VERSION}
+    digest.update(json.dumps(payload, sort_keys=True).encode())
+    return digest.hexdigest()[:32]
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(CACHE_PATH.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, value: dict[str, Any]) -> None:
+    cache = _read_cache()
+    cache[key] = value
+    CACHE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    tmp = CACHE_PATH.with_name(f".{CACHE_PATH.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    os.replace(tmp, CACHE_PATH)
+
+
+def find_capacity(
+    trace: Trace,
+    config: ExperimentConfig,
+    search: CapacitySearch | None = None,
+    *,
+    use_cache: bool = True,
+    log: Any = None,
+) -> tuple[float, list[Probe]]:
+    """Maximum sustainable mean arrival rate (req/s) of `trace` on `config`'s cluster."""
+    search = search or CapacitySearch()
+    probe = trace.head(search.probe_requests)
+    if len(probe) < 8:
+        raise ConfigError("workload: capacity search needs at least 8 requests")
+    key = cache_key(probe, config, search)
+    if use_cache:
+        cached = _read_cache().get(key)
+        if cached is not None:
+            return float(cached["rate"]), [Probe(**p) for p in cached["probes"]]
+    base = mean_rate(probe)
+    probes: list[Probe] = []
+
+    def test(rate: float) -> bool:
+        ok, reason = is_sustainable(scale_to_rate(probe, rate), config, search)
+        probes.append(Probe(rate, ok, reason))
+        if log is not None:
+            log(f"  rate {rate:10.3f} req/s: {'sustainable' if ok else 'not sustainable'} ({reason})")
+        return ok
+
+    lo, hi = None, None
+    rate = base
+    while len(probes) < search.max_probes and (lo is None or hi is None):
+        if test(rate):
+            lo = rate
+            rate *= 2
+        else:
+            hi = rate
+            rate /= 2
+    if lo is None or hi is None:
+        raise ConfigError("workload: capacity search did not bracket the capacity")
+    while hi / lo - 1 > search.rel_tol and len(probes) < search.max_probes:
+        mid = (lo * hi) ** 0.5
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    if use_cache:
+        _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
+    return lo, probes
+
+
+def scale_to_load(trace: Trace, config: ExperimentConfig) -> Trace:
+    """Time-scale `trace` to `workload.load` x the cluster's capacity for it."""
+    load = config.workload.load
+    assert load is not None
+    capacity, _ = find_capacity(trace, config)
+    return scale_to_rate(trace, load * capacity)
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
+    p.add_argument("experiment")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
+    p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
+    p.set_defaults(func=cmd_capacity)
+
+
+def cmd_capacity(args: Any) -> int:
+    from .config import load_experiment
+    from .workload.build import load_workload_trace
+
+    overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null"]
+    config, _ = load_experiment(args.experiment, overrides)
+    trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+    search = CapacitySearch(probe_requests=args.probe_requests)
+    print(f"{args.experiment}: searching capacity on the first {min(len(trace), search.probe_requests)} requests "
+          f"({config.cluster.num_instances} x {config.cluster.profile})")
+    rate, probes = find_capacity(trace, config, search, use_cache=not args.no_cache, log=print)
+    print(f"capacity: {rate:.3f} req/s ({len(probes)} probes); load 0.5 = {rate / 2:.3f} req/s")
+    return 0
