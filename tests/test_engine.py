@@ -7,6 +7,7 @@ Profile: step = 10 ms + 1 ms per prefill token + 0.1 ms per decode sequence
 from __future__ import annotations
 
 import pytest
+
 from conftest import LINEAR, make_trace, simulate
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from fakes import (
     BLOCK,
     FakeContext,
@@ -16,7 +17,6 @@ from fakes import (
     make_request,
     route,
 )
-
 from lmsim.errors import ConfigError
 from lmsim.policies import POLICIES
 

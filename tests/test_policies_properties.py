@@ -5,10 +5,10 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
-from fakes import FakeContext, cluster_of, make_policy, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fakes import FakeContext, cluster_of, make_policy, make_request
 from lmsim.policies.lmetric import lmetric_pick
 
 n_inst = st.integers(1, 8)

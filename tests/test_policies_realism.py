@@ -6,8 +6,8 @@ import math
 import re
 
 import pytest
-from fakes import FakeContext, FakeInstance, cluster_of, make_request
 
+from fakes import FakeContext, FakeInstance, cluster_of, make_request
 from lmsim.policies.predictive import estimate_ttft
 from lmsim.policies.views import ViewAdapter
 from lmsim.profile import LinearCostModel
