@@ -192,14 +192,6 @@ def find_capacity(
     return lo, probes
 
 
-def scale_to_load(trace: Trace, config: ExperimentConfig) -> Trace:
-    """Time-scale `trace` to `workload.load` x the cluster's capacity for it."""
-    load = config.workload.load
-    assert load is not None
-    capacity, _ = find_capacity(trace, config)
-    return scale_to_rate(trace, load * capacity)
-
-
 def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
     p.add_argument("experiment")

@@ -20,6 +20,7 @@ from .clock import STEP_END, WAKE, schedule_at
 from .request import Request
 from .scheduler import InstanceScheduler, StepOutcome, StepPlan
 
+INF = float("inf")
 StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
 
 
@@ -39,6 +40,9 @@ class Instance:
         self._times: list[float] = []  # boundaries of the planned run: start, end of each step
         self._end_event: simpy.Event | None = None
         self._wake_pending = False
+        # Time of the next step boundary inside a fast-forwarded run that materialize() has
+        # not applied yet; infinity when there is nothing to apply.
+        self.next_boundary = INF
         self.num_steps = 0
         self.num_events = 0
         self.busy_time_s = 0.0
@@ -65,14 +69,17 @@ class Instance:
 
     def materialize(self) -> None:
         """Bring a fast-forwarded run up to date with the clock."""
-        plan = self._plan
-        if plan is None or plan.num_steps == 1:
-            return
         now = self.env.now
+        if now < self.next_boundary:
+            return
+        plan = self._plan
+        assert plan is not None
         times = self._times
-        started = bisect_right(times, now, 0, plan.num_steps)
-        completed = bisect_right(times, now, 1, plan.num_steps + 1) - 1
+        k = plan.num_steps
+        started = bisect_right(times, now, 0, k)
+        completed = bisect_right(times, now, 1, k + 1) - 1
         self.scheduler.advance(started, completed)
+        self.next_boundary = times[started] if started < k else INF
 
     # -- the engine loop -----------------------------------------------------------------
 
@@ -92,6 +99,7 @@ class Instance:
             t = t + d
             times.append(t)
         self._times = times
+        self.next_boundary = times[1] if plan.num_steps > 1 else INF
         self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
 
     def _truncate_after_current_step(self) -> None:
@@ -118,5 +126,6 @@ class Instance:
         self.busy_time_s += now - self._times[0]
         self._plan = None
         self._end_event = None
+        self.next_boundary = INF
         self._on_step_end(self, plan, outcome, now)
         self._start_step()

@@ -192,13 +192,7 @@ class PrefixCache:
         The caller checks `num_free_blocks` first."""
         if count > self.num_free_blocks:
             raise RuntimeError(f"allocating {count} blocks with {self.num_free_blocks} free")
-        take = min(count, self._pristine)
-        self._pristine -= take
-        free = self._free
-        for _ in range(count - take):
-            key, _ = free.popitem(last=False)
-            if key >= 0:
-                self._evicted(key)
+        self.allocate_anonymous_run(count)
         keys = list(range(self._next_anon, self._next_anon - count, -1))
         self._next_anon -= count
         return keys
@@ -208,11 +202,25 @@ class PrefixCache:
         named: they are released as anonymous blocks)."""
         take = min(count, self._pristine)
         self._pristine -= take
-        free = self._free
-        for _ in range(count - take):
-            key, _ = free.popitem(last=False)
-            if key >= 0:
-                self._evicted(key)
+        if count == take:
+            return
+        popitem = self._free.popitem
+        evicted = [key for key, _ in (popitem(last=False) for _ in range(count - take)) if key >= 0]
+        if evicted:
+            self.num_evictions += len(evicted)
+            index = self._index
+            if index is not None:
+                holders = index._holders
+                mask = ~(1 << self.instance_id)
+                for h in evicted:
+                    left = holders[h] & mask
+                    if left:
+                        holders[h] = left
+                    else:
+                        del holders[h]
+            for listener in self._listeners:
+                for h in evicted:
+                    listener(self.instance_id, h, False)
 
     def register(self, block_hash: int) -> int:
         """A block just filled with content `block_hash`: make it a cache entry, unless that
@@ -228,13 +236,35 @@ class PrefixCache:
             listener(self.instance_id, block_hash, True)
         return block_hash
 
+    def register_range(self, hashes: Sequence[int], keys: list[int], first: int, last: int) -> None:
+        """`register` blocks first..last-1 of a prompt in place in `keys` (one call per chunk:
+        the per-block work is the simulator's hottest loop)."""
+        in_use, free = self._in_use, self._free
+        index = self._index
+        holders = index._holders if index is not None else None
+        bit = 1 << self.instance_id
+        listeners = self._listeners
+        for j in range(first, last):
+            h = hashes[j]
+            if h in in_use or h in free:
+                keys[j] = self._next_anon
+                self._next_anon -= 1
+                continue
+            in_use[h] = 1
+            if holders is not None:
+                holders[h] = holders.get(h, 0) | bit
+            for listener in listeners:
+                listener(self.instance_id, h, True)
+            keys[j] = h
+
     def release(self, keys: Sequence[int], extra_anonymous: int = 0) -> None:
         """Release a request's blocks: `extra_anonymous` unnamed tail blocks first, then
         `keys` from last to first."""
         free = self._free
-        for _ in range(extra_anonymous):
-            free[self._next_anon] = None
-            self._next_anon -= 1
+        anon = self._next_anon
+        for key in range(anon, anon - extra_anonymous, -1):
+            free[key] = None
+        self._next_anon = anon - extra_anonymous
         in_use = self._in_use
         for key in reversed(keys):
             if key >= 0:
@@ -246,13 +276,6 @@ class PrefixCache:
                     free[key] = None
             else:
                 free[key] = None
-
-    def _evicted(self, block_hash: int) -> None:
-        self.num_evictions += 1
-        if self._index is not None:
-            self._index.remove(block_hash, self.instance_id)
-        for listener in self._listeners:
-            listener(self.instance_id, block_hash, False)
 
     # -- invariants ----------------------------------------------------------------------
 

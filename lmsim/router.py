@@ -125,7 +125,8 @@ class Router:
     def route(self, request: Request, now: float) -> int | None:
         """Choose an instance and submit the request there; None if it was rejected."""
         for instance in self.instances:
-            instance.materialize()
+            if now >= instance.next_boundary:
+                instance.materialize()
         started = time.perf_counter()
         view = self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
         choice = self.policy.choose(request, view)

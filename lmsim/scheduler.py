@@ -74,7 +74,7 @@ class InstanceScheduler:
         long_prefill_token_threshold: int = 0,
         enable_prefix_caching: bool = True,
         fast_forward: bool = True,
-        max_run_steps: int = 1 << 20,
+        max_run_steps: int = 64,
     ) -> None:
         self.cache = cache
         self.cost_model = cost_model
@@ -84,6 +84,8 @@ class InstanceScheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.enable_prefix_caching = enable_prefix_caching
         self.fast_forward = fast_forward
+        # Most runs are cut short by an arrival after a dozen steps; pricing hundreds of steps
+        # that are thrown away costs more than one extra event for the rare long run.
         self.max_run_steps = max_run_steps
 
         self.running: list[Request] = []  # admission order
@@ -374,8 +376,8 @@ class InstanceScheduler:
         hashes = request.block_hashes
         first = request.num_computed_tokens // self.block_size
         last = min((request.num_computed_tokens + q) // self.block_size, len(hashes))
-        for j in range(first, last):
-            keys[j] = cache.register(hashes[j])
+        if last > first:
+            cache.register_range(hashes, keys, first, last)
 
     # -- committing ----------------------------------------------------------------------
 

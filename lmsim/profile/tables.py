@@ -164,18 +164,16 @@ class TableCostModel:
         self._weights = float(m["model"]["weight_bytes"])
         self._overhead_gib = float(m["memory"]["non_kv_overhead_gib"])
         self._kv_per_token = int(m["model"]["kv_bytes_per_token"])
+        self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
 
     def __repr__(self) -> str:
         return f"TableCostModel({self.name!r}, source={self.data.source!r})"
 
     # -- components (scalar) ----------------------------------------------------------------
     def _decode_attention(self, batch: int, context: int) -> float:
-        i, wb = _locate(self._da_b, batch)
+        row = self._decode_row(batch)[1]
         j, wc = _locate(self._da_c, context)
-        lo, hi = self._da[i], self._da[i + 1]
-        r0 = lo[j] * (1.0 - wb) + hi[j] * wb
-        r1 = lo[j + 1] * (1.0 - wb) + hi[j + 1] * wb
-        return r0 * (1.0 - wc) + r1 * wc
+        return row[j] * (1.0 - wc) + row[j + 1] * wc
 
     def _prefill_attention(self, q: int, c: int) -> float:
         i, wq = _locate(self._pa_q, q)
@@ -212,20 +210,47 @@ class TableCostModel:
             t = t + self._prefill_attention(q, c)
         return float(t)
 
+    def _decode_row(self, num_decodes: int) -> tuple[float, list[float], np.ndarray]:
+        """The step's fixed part and the decode-attention row blended at batch `num_decodes`
+        (as a list and an array), cached: a run's steps share their batch size. Each entry is
+        computed with exactly the operations `_decode_attention` uses, so reading it gives
+        the same bits."""
+        cached = self._rows.get(num_decodes)
+        if cached is None:
+            base = self._base(num_decodes, num_decodes)
+            i, wb = _locate(self._da_b, num_decodes)
+            lo, hi = self._da[i], self._da[i + 1]
+            row = [lo[j] * (1.0 - wb) + hi[j] * wb for j in range(len(lo))]
+            cached = (base, row, np.array(row))
+            if len(self._rows) < 4096:
+                self._rows[num_decodes] = cached
+        return cached
+
     def decode_run_times(
         self, num_decodes: int, first_context_tokens: int, num_steps: int
     ) -> np.ndarray:
         # Same operations in the same order as step_time((), B, C0 + k*B), element-wise.
-        base = self._base(num_decodes, num_decodes)
         if num_decodes == 0:
-            return np.full(num_steps, float(base))
+            return np.full(num_steps, float(self._base(0, 0)))
+        base, row, row_arr = self._decode_row(num_decodes)
+        xs = self._da_c
+        if num_steps <= 24:
+            # numpy's per-call overhead dominates short runs; plain floats give the same bits.
+            out = []
+            last = len(xs) - 2
+            for k in range(num_steps):
+                x = first_context_tokens + num_decodes * k
+                if x < xs[0]:
+                    x = xs[0]
+                j = bisect_right(xs, x) - 1
+                if j > last:
+                    j = last
+                wc = (x - xs[j]) / (xs[j + 1] - xs[j])
+                out.append(base + (row[j] * (1.0 - wc) + row[j + 1] * wc))
+            return np.array(out)
         context = first_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
-        i, wb = _locate(self._da_b, num_decodes)
         j, wc = _locate_vec(self._da_cx, context.astype(np.float64))
-        lo, hi = self._da_arr[i], self._da_arr[i + 1]
-        r0 = lo[j] * (1.0 - wb) + hi[j] * wb
-        r1 = lo[j + 1] * (1.0 - wb) + hi[j + 1] * wb
-        return base + (r0 * (1.0 - wc) + r1 * wc)
+        return base + (row_arr[j] * (1.0 - wc) + row_arr[j + 1] * wc)
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         pool = gpu_memory_utilization * self._mem_gib * GIB - self._weights - self._overhead_gib * GIB

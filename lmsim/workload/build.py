@@ -50,6 +50,7 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
         from .scaling import window
 
         trace = window(trace, w.start_s or 0.0, w.end_s if w.end_s is not None else float("inf"))
+    full = trace
     if w.limit is not None:
         trace = trace.head(w.limit)
     if len(trace) == 0:
@@ -63,7 +64,13 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
 
         trace = scale_to_rate(trace, w.rate)
     elif w.load is not None:
-        from ..capacity import scale_to_load
+        from ..capacity import find_capacity
+        from .scaling import mean_rate, time_scale
 
-        trace = scale_to_load(trace, config)
+        # Capacity belongs to the workload and cluster, not to a prefix cut for a quick run:
+        # it is measured before `limit`, and the prefix is stretched by the same factor as
+        # the whole, so a smoke test at limit=50 keeps the arrival times of the real run.
+        capacity, _ = find_capacity(full, config)
+        trace = time_scale(trace, w.load * capacity / mean_rate(full))
     return trace
+

@@ -1,0 +1,192 @@
+"""`lmsim bench`: a fixed set of workloads that measure simulator speed and memory.
+
+Each workload runs in a fresh child process so its peak RSS is its own. Figures are printed,
+never asserted (tests do not depend on wall-clock time). `--json PATH` writes the table as a
+list of records for comparison across commits; `--profile` adds a cProfile breakdown of where
+the time goes, grouped by component.
+
+Workloads (16 Qwen3-30B-A3B instances on H20, load 0.5 of measured capacity):
+* chatbot generator with `vllm`, `lmetric` and `llmd`;
+* coder generator (closed-loop agent sessions) with `lmetric`;
+* a 1M-request agent trace with `lmetric` (100k with `--quick`).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import multiprocessing as mp
+import os
+import pstats
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import validate
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    generator: str
+    num_requests: int
+    policy: str
+
+
+def workloads(quick: bool) -> list[Workload]:
+    chat = 5_000 if quick else 20_000
+    return [
+        Workload("chatbot", "chatbot", chat, "vllm"),
+        Workload("chatbot", "chatbot", chat, "lmetric"),
+        Workload("chatbot", "chatbot", chat, "llmd"),
+        Workload("coder", "coder", 600 if quick else 2_000, "lmetric"),
+        Workload("agent-1M" if not quick else "agent-100k", "agent", 100_000 if quick else 1_000_000, "lmetric"),
+    ]
+
+
+CATEGORIES = (
+    ("router", ("lmsim/router.py", "lmsim/policies/")),
+    ("kv cache", ("lmsim/kv_cache.py",)),
+    ("scheduler", ("lmsim/scheduler.py", "lmsim/instance.py")),
+    ("cost model", ("lmsim/profile/",)),
+    ("simpy", ("simpy/",)),
+    ("metrics", ("lmsim/metrics.py", "lmsim/results.py")),
+    ("replay", ("lmsim/simulation.py", "lmsim/clock.py", "lmsim/request.py")),
+)
+
+
+def _category(filename: str) -> str:
+    path = filename.replace(os.sep, "/")
+    for name, parts in CATEGORIES:
+        if any(p in path for p in parts):
+            return name
+    return "other (numpy, builtins)"
+
+
+def profile_breakdown(stats: pstats.Stats) -> dict[str, float]:
+    """Self time per component, as fractions of the total."""
+    totals: dict[str, float] = {}
+    for (filename, _line, _func), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        cat = _category(filename)
+        totals[cat] = totals.get(cat, 0.0) + tottime
+    whole = sum(totals.values()) or 1.0
+    return {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def _config(w: Workload, load: float):
+    return validate(
+        {
+            "name": f"bench-{w.name}-{w.policy}",
+            "seed": 0,
+            "workload": {"generator": {"name": w.generator, "params": {"num_requests": w.num_requests}}, "load": load},
+            "cluster": {"num_instances": 16, "profile": "h20/qwen3-30b-a3b"},
+            "router": {"policy": w.policy},
+            "output": {"figures": False},
+        },
+        where="bench",
+    )
+
+
+def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
+    """Run one workload in this process; returns its row of the table."""
+    from .simulation import Simulation
+    from .workload.build import load_workload_trace
+
+    config = _config(w, 0.5)
+    trace = load_workload_trace(config)  # generation and capacity search are not timed
+    sim = Simulation(config, trace)
+    profiler = cProfile.Profile() if profile else None
+    started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    results = sim.run()
+    if profiler is not None:
+        profiler.disable()
+    wall = time.perf_counter() - started
+    s = results.summary
+    row: dict[str, Any] = {
+        "workload": w.name,
+        "policy": w.policy,
+        "num_requests": s["num_requests"],
+        "requests_per_s": s["num_finished"] / wall,
+        "sim_s_per_wall_s": s["sim_time_s"] / wall,
+        "wall_s": wall,
+        "steps": s["num_steps"],
+        "events": s["num_step_events"],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "router_us_per_decision": s["router_us_per_decision"],
+    }
+    if profiler is not None:
+        row["profile"] = profile_breakdown(pstats.Stats(profiler))
+    return row
+
+
+def _child(w: Workload, profile: bool, queue: Any) -> None:
+    try:
+        queue.put(run_workload(w, profile))
+    except BaseException as exc:  # report, the parent prints it
+        queue.put({"workload": w.name, "policy": w.policy, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_bench(quick: bool, profile: bool, only: str | None = None) -> list[dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    rows = []
+    for w in workloads(quick):
+        if only and only not in (w.name, w.policy, f"{w.name}/{w.policy}"):
+            continue
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(w, profile, queue))
+        proc.start()
+        row = queue.get()
+        proc.join()
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'workload':12} {'policy':8} {'requests':>9} {'req/s':>8} {'sim s/s':>8} "
+    f"{'steps':>10} {'events':>9} {'RSS MB':>7} {'router us':>9}"
+)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['workload']:12} {row['policy']:8} error: {row['error']}"
+    line = (
+        f"{row['workload']:12} {row['policy']:8} {row['num_requests']:>9} {row['requests_per_s']:>8.0f} "
+        f"{row['sim_s_per_wall_s']:>8.1f} {row['steps']:>10} {row['events']:>9} "
+        f"{row['peak_rss_mb']:>7.0f} {row['router_us_per_decision']:>9.1f}"
+    )
+    if "profile" in row:
+        parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in row["profile"].items())
+        line += f"\n{'':22}time: {parts}"
+    return line
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench", help="measure simulator speed and memory on fixed workloads")
+    p.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes in all)")
+    p.add_argument("--profile", action="store_true", help="add a cProfile breakdown per workload")
+    p.add_argument("--json", dest="json_path", help="write the table as JSON records")
+    p.add_argument("--only", help="run one workload or policy (e.g. chatbot/lmetric)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: Any) -> int:
+    print("lmsim bench: 16 x Qwen3-30B-A3B/H20, load 0.5; one child process per workload")
+    print(HEADER, flush=True)
+    rows = run_bench(args.quick, args.profile, args.only)
+    if args.json_path:
+        path = Path(args.json_path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(rows, indent=2) + "\n")
+        os.replace(tmp, path)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cmd_bench(None))
