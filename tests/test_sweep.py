@@ -1,0 +1,267 @@
+"""Sweep expansion, naming, resume, failures, bad input and the executors (lmsim/sweep.py).
+
+The helpers at the top are shared with the other sweep/figure/report test modules
+(`from test_sweep import ...`): a tiny chat workload on two linear-cost instances, so a run
+takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from lmsim.errors import LmsimError
+from lmsim.sweep import (
+    WALL_CLOCK_COLUMNS,
+    SweepError,
+    expand_sweep,
+    point_name,
+    read_index,
+    run_sweep,
+)
+
+LINEAR_PROFILE = {
+    "kind": "linear",
+    "step_base_s": 0.010,
+    "per_prefill_token_s": 0.00002,
+    "per_decode_seq_s": 0.0002,
+    "per_context_token_s": 0.0,
+}
+
+
+def tiny_experiment(**sweep_block: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 0,
+        "workload": {
+            "generator": {"name": "chatbot", "params": {"duration_s": 20, "warmup_s": 30, "rate": 3.0}},
+        },
+        "cluster": {"num_instances": 2, "profile": dict(LINEAR_PROFILE), "num_gpu_blocks": 4000},
+        "router": {"policy": "vllm"},
+        "output": {"figures": False},
+    }
+    raw.update(sweep_block)
+    return raw
+
+
+def write_experiment(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def comparable(index: pd.DataFrame) -> pd.DataFrame:
+    return index.drop(columns=[c for c in WALL_CLOCK_COLUMNS if c in index]).reset_index(drop=True)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lmsim", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+FOUR_RUNS = {"sweep": {"router.policy": ["vllm", "lmetric"], "workload.rate": [2.0, 4.0]}}
+
+
+# -- expansion ---------------------------------------------------------------------------
+
+
+def test_product_expansion_names_and_configs() -> None:
+    raw = tiny_experiment(**copy.deepcopy(FOUR_RUNS))
+    points = expand_sweep(raw, where="x.yaml")
+    assert [p.name for p in points] == [
+        "router.policy=vllm,workload.rate=2.0",
+        "router.policy=vllm,workload.rate=4.0",
+        "router.policy=lmetric,workload.rate=2.0",
+        "router.policy=lmetric,workload.rate=4.0",
+    ]
+    base = tiny_experiment()
+    for p, (policy, rate) in zip(points, [("vllm", 2.0), ("vllm", 4.0), ("lmetric", 2.0), ("lmetric", 4.0)]):
+        want = copy.deepcopy(base)
+        want["router"]["policy"] = policy
+        want["workload"]["rate"] = rate
+        assert p.raw == want  # sweep/zip stripped, exactly the point applied
+        assert p.params == {"router.policy": policy, "workload.rate": rate}
+
+
+def test_zip_expansion_varies_keys_together_and_null_unsets() -> None:
+    raw = tiny_experiment(
+        sweep={
+            "router.policy": ["vllm", "bailian", "aibrix"],
+            "seed": [0, 1],
+            "router.params.lambda": [None, 0.5, None],
+            "router.params.imbalance_abs_count": [None, None, 4],
+        },
+        zip=[["router.policy", "router.params.lambda", "router.params.imbalance_abs_count"]],
+    )
+    points = expand_sweep(raw, where="x.yaml")
+    assert [p.name for p in points] == [
+        "router.policy=vllm,seed=0",
+        "router.policy=vllm,seed=1",
+        "router.policy=bailian,router.params.lambda=0.5,seed=0",
+        "router.policy=bailian,router.params.lambda=0.5,seed=1",
+        "router.policy=aibrix,router.params.imbalance_abs_count=4,seed=0",
+        "router.policy=aibrix,router.params.imbalance_abs_count=4,seed=1",
+    ]
+    assert [p.raw["router"] for p in points[::2]] == [
+        {"policy": "vllm"},
+        {"policy": "bailian", "params": {"lambda": 0.5}},
+        {"policy": "aibrix", "params": {"imbalance_abs_count": 4}},
+    ]
+    assert [p.raw["seed"] for p in points] == [0, 1, 0, 1, 0, 1]
+
+
+def test_names_are_sanitised_and_long_names_hashed() -> None:
+    assert point_name({"cluster.profile": "h20/qwen2-7b"}) == "cluster.profile=h20-qwen2-7b"
+    assert point_name({"a": True, "b": 1e-05, "c": None}) == "a=true,b=1e-05"
+    long = point_name({"workload.generator.params.duration_s": 1.5, "router.params": {"x" * 120: 1}})
+    assert len(long) == 120 and long[-9] == "~"
+    assert long == point_name({"workload.generator.params.duration_s": 1.5, "router.params": {"x" * 120: 1}})
+    raw = tiny_experiment(sweep={"name": ["a/b", "a-b"]})
+    names = [p.name for p in expand_sweep(raw, where="x.yaml")]
+    assert len(set(names)) == 2 and all(n.startswith("name=a-b~") for n in names)
+
+
+def test_no_sweep_block_is_one_default_point() -> None:
+    points = expand_sweep(tiny_experiment(), where="x.yaml")
+    assert [p.name for p in points] == ["default"]
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"sweep": {"router.polcy": ["vllm"]}}, "x.yaml: sweep key 'router.polcy': unknown key 'router.polcy'"),
+        ({"sweep": {"workload.rate": []}}, "x.yaml: sweep.workload.rate: empty list"),
+        ({"sweep": {"workload.rate": 3}}, "x.yaml: sweep.workload.rate: expected a list"),
+        ({"sweep": {"seed.x": [1]}}, "x.yaml: sweep key 'seed.x': seed is not a mapping"),
+        ({"sweep": {"router.params.lamda": [0.5]}, "router": {"policy": "bailian"}},
+         "x.yaml [router.params.lamda=0.5]: router.params: policy 'bailian' has no parameter 'lamda'"),
+        ({"sweep": {"workload.rate": [-1.0]}}, "x.yaml [workload.rate=-1.0]: workload.rate:"),
+        ({"sweep": {"seed": [1, 2], "workload.rate": [1.0]}, "zip": [["seed", "workload.rate"]]},
+         "x.yaml: zip[0]: zipped lists differ in length"),
+        ({"sweep": {"seed": [1]}, "zip": [["seed", "workload.rate"]]},
+         "x.yaml: zip[0]: 'workload.rate' is not a key of sweep:"),
+    ],
+)
+def test_bad_sweep_blocks_name_file_and_key(block: dict[str, Any], message: str) -> None:
+    raw = tiny_experiment()
+    raw.update(block)
+    with pytest.raises(LmsimError) as info:
+        expand_sweep(raw, where="x.yaml")
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def test_sweep_runs_indexes_and_resumes(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(**copy.deepcopy(FOUR_RUNS)))
+    full = run_sweep(exp, out=tmp_path / "full", progress=False)
+    assert full.exit_code == 0 and len(full.executed) == 4 and full.skipped == []
+    index = read_index(tmp_path / "full")
+    assert list(index["run"]) == sorted(p.name for p in full.points)
+    assert list(index["router.policy"]) == ["lmetric", "lmetric", "vllm", "vllm"]
+    assert list(index["workload.rate"]) == [2.0, 4.0, 2.0, 4.0]
+    assert index.attrs["sweep_keys"] == ["router.policy", "workload.rate"]
+    assert {"ttft_s_mean", "tpot_s_p99", "num_finished", "offered_rate_per_s"} <= set(index.columns)
+    assert index["offered_rate_per_s"].round(9).tolist() == [2.0, 4.0, 2.0, 4.0]
+
+    # Kill after k = 1 of n = 4 (KeyboardInterrupt from the callback takes the SIGINT path),
+    # with a half-written run lying around as a dying worker would leave it.
+    def stop(_result: dict[str, Any]) -> None:
+        raise KeyboardInterrupt
+
+    part = tmp_path / "part"
+    first = run_sweep(exp, out=part, progress=False, on_result=stop)
+    assert first.interrupted == 2 and first.exit_code == 130 and len(first.executed) == 1
+    assert len(read_index(part)) == 1
+    done = first.executed[0]
+    marker = (part / done / "summary.json").stat().st_mtime_ns
+    (part / ".router.policy=vllm,workload.rate=4.0.tmp-99999").mkdir()
+    (part / ".router.policy=vllm,workload.rate=4.0.tmp-99999" / "requests.parquet").write_text("half")
+
+    second = run_sweep(exp, out=part, progress=False)
+    assert second.skipped == [done]
+    assert sorted(second.executed) == sorted(set(p.name for p in full.points) - {done})  # n - k runs
+    assert (part / done / "summary.json").stat().st_mtime_ns == marker  # finished runs untouched
+    assert not [e for e in part.iterdir() if ".tmp-" in e.name]
+    pd.testing.assert_frame_equal(comparable(read_index(part)), comparable(index))
+
+    third = run_sweep(exp, out=part, progress=False)
+    assert third.executed == [] and len(third.skipped) == 4
+
+
+def test_requests_are_byte_identical_across_sweeps(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"router.policy": ["lmetric"]}))
+    run_sweep(exp, out=tmp_path / "a", progress=False)
+    run_sweep(exp, out=tmp_path / "b", jobs=2, progress=False)
+    name = "router.policy=lmetric"
+    assert (tmp_path / "a" / name / "requests.parquet").read_bytes() == (
+        tmp_path / "b" / name / "requests.parquet"
+    ).read_bytes()
+
+
+def test_changed_config_reruns_stale_runs(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
+    run_sweep(exp, out=tmp_path / "s", progress=False)
+    again = run_sweep(exp, ["seed=1"], out=tmp_path / "s", progress=False)
+    assert sorted(again.stale) == sorted(again.executed) == ["workload.rate=2.0", "workload.rate=4.0"]
+
+
+def test_failing_run_is_reported_and_others_finish(tmp_path: Path) -> None:
+    # The generator checks duration_s only when it generates, i.e. inside the run.
+    raw = tiny_experiment(sweep={"workload.generator.params.duration_s": [20, -1, 10]})
+    exp = write_experiment(tmp_path / "exp.yaml", raw)
+    outcome = run_sweep(exp, out=tmp_path / "s", jobs=2, progress=False)
+    bad = "workload.generator.params.duration_s=-1"
+    assert sorted(outcome.executed) == [
+        "workload.generator.params.duration_s=10",
+        "workload.generator.params.duration_s=20",
+    ]
+    assert outcome.failed == {bad: "ConfigError: duration_s must be > 0, got -1"}
+    assert outcome.exit_code == 1
+    assert (tmp_path / "s" / f"{bad}.error.txt").exists()
+    assert list(read_index(tmp_path / "s")["run"]) == sorted(outcome.executed)
+
+
+def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0]}))
+    out = tmp_path / "s"
+    assert run_cli("sweep", str(exp), "--out", str(out), "--no-progress").returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    cases = [
+        ["--set", "sweep={router.polcy: [vllm]}"],
+        ["--set", "sweep={workload.rate: []}"],
+        ["--executor", "dask", "--scheduler", "tcp://127.0.0.1:9"],
+    ]
+    for extra in cases:
+        proc = run_cli("sweep", str(exp), "--out", str(out), "--no-progress", *extra)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("lmsim: error: "), proc.stderr
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def test_dask_local_cluster_matches_local_pool(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(**copy.deepcopy(FOUR_RUNS)))
+    local = run_sweep(exp, out=tmp_path / "local", jobs=2, progress=False)
+    dask = run_sweep(exp, out=tmp_path / "dask", jobs=2, executor="dask", progress=False)
+    assert local.exit_code == dask.exit_code == 0 and len(dask.executed) == 4
+    pd.testing.assert_frame_equal(
+        comparable(read_index(tmp_path / "dask")), comparable(read_index(tmp_path / "local"))
+    )
+
+
+def test_scheduler_needs_dask_executor(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment())
+    with pytest.raises(SweepError, match="--scheduler needs --executor dask"):
+        run_sweep(exp, out=tmp_path / "s", scheduler="tcp://127.0.0.1:9", progress=False)
