@@ -20,6 +20,8 @@ far longer than any single request; below capacity TTFT is flat and the drain is
 
 Results are cached in `~/.cache/lmsim/capacity.json`, keyed by a digest of the probe trace,
 the profile and every cluster field that affects service, and the criterion's parameters.
+`experiments/capacity.json` ships the capacities of the bundled experiments under the same
+keys (`lmsim capacity EXP --bundle` adds one), so a fresh clone does not search again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .workload.scaling import mean_rate, scale_to_rate
 from .workload.trace import Trace
 
 CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
+BUNDLED_PATH = Path(__file__).resolve().parents[1] / "experiments" / "capacity.json"
 CRITERION_VERSION = 2
 
 
@@ -126,20 +129,20 @@ def cache_key(trace: Trace, config: ExperimentConfig, search: CapacitySearch) ->
     return digest.hexdigest()[:32]
 
 
-def _read_cache() -> dict[str, Any]:
+def _read_cache(path: Path = CACHE_PATH) -> dict[str, Any]:
     try:
-        return json.loads(CACHE_PATH.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, value: dict[str, Any]) -> None:
-    cache = _read_cache()
+def _write_cache(key: str, value: dict[str, Any], path: Path = CACHE_PATH) -> None:
+    cache = _read_cache(path)
     cache[key] = value
-    CACHE_PATH.parent.mkdir(parents=True, exist_ok=True)
-    tmp = CACHE_PATH.with_name(f".{CACHE_PATH.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    os.replace(tmp, CACHE_PATH)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def find_capacity(
@@ -157,7 +160,7 @@ def find_capacity(
         raise ConfigError("workload: capacity search needs at least 8 requests")
     key = cache_key(probe, config, search)
     if use_cache:
-        cached = _read_cache().get(key)
+        cached = _read_cache().get(key) or _read_cache(BUNDLED_PATH).get(key)
         if cached is not None:
             return float(cached["rate"]), [Probe(**p) for p in cached["probes"]]
     base = mean_rate(probe)
@@ -198,6 +201,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
     p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
+    p.add_argument("--bundle", action="store_true",
+                   help="also record the result in experiments/capacity.json (shipped with lmsim)")
     p.set_defaults(func=cmd_capacity)
 
 
@@ -212,5 +217,8 @@ def cmd_capacity(args: Any) -> int:
     print(f"{args.experiment}: searching capacity on the first {min(len(trace), search.probe_requests)} requests "
           f"({config.cluster.num_instances} x {config.cluster.profile})")
     rate, probes = find_capacity(trace, config, search, use_cache=not args.no_cache, log=print)
+    if args.bundle:
+        key = cache_key(trace.head(search.probe_requests), config, search)
+        _write_cache(key, {"rate": rate, "probes": [p.__dict__ for p in probes]}, BUNDLED_PATH)
     print(f"capacity: {rate:.3f} req/s ({len(probes)} probes); load 0.5 = {rate / 2:.3f} req/s")
     return 0

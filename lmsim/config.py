@@ -7,13 +7,16 @@ A config is pure data: loading it reads the YAML and nothing else. Every problem
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .profile.base import LinearCostModel
 
 
 class _Strict(BaseModel):
@@ -25,6 +28,12 @@ class GeneratorConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="generator parameters")
 
 
+class SampleConfig(_Strict):
+    fraction: float = Field(gt=0, le=1, description="keep each request with this probability")
+    seed: int = Field(0, ge=0, description="seed of the thinning draw")
+    complement: bool = Field(False, description="keep exactly the rows the draw drops")
+
+
 class WorkloadConfig(_Strict):
     trace: str | None = Field(None, description="trace file (canonical Parquet or raw format)")
     format: str | None = Field(None, description="raw trace format; inferred when omitted")
@@ -33,6 +42,9 @@ class WorkloadConfig(_Strict):
     start_s: float | None = Field(None, ge=0, description="keep arrivals at or after this time")
     end_s: float | None = Field(None, gt=0, description="keep arrivals before this time")
     limit: int | None = Field(None, gt=0, description="keep the first N requests")
+    sample: SampleConfig | None = Field(
+        None, description="Bernoulli thinning (e.g. a canary's share of the traffic)"
+    )
     time_scale: float | None = Field(None, gt=0, description="divide inter-arrival gaps by this")
     rate: float | None = Field(None, gt=0, description="time-scale to this mean rate (req/s)")
     load: float | None = Field(
@@ -64,6 +76,16 @@ class ClusterConfig(_Strict):
     max_waiting: int | None = Field(
         None, gt=0, description="per-instance waiting-queue cap; arrivals beyond it are rejected"
     )
+
+    @field_validator("profile")
+    @classmethod
+    def _inline_profile(cls, spec: str | dict[str, Any]) -> str | dict[str, Any]:
+        # An inline profile is checked here, so a typo is reported against the experiment
+        # file and field instead of surfacing as a Python TypeError (or, for a negative
+        # cost, as a step that ends before it starts) once the run has begun.
+        if isinstance(spec, dict):
+            _check_linear_profile(spec)
+        return spec
 
 
 class RouterConfig(_Strict):
@@ -97,11 +119,43 @@ class ExperimentConfig(_Strict):
     router: RouterConfig = RouterConfig()
     simulation: SimulationConfig = SimulationConfig()
     output: OutputConfig = OutputConfig()
-    sweep: dict[str, Any] | None = Field(None, description="dotted key -> list of values")
+    # A sweep over an empty list would silently run nothing; a scalar is almost always a
+    # forgotten pair of brackets.
+    sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
+        None, description="dotted key -> non-empty list of values"
+    )
     zip: list[list[str]] | None = Field(None, description="groups of sweep keys varied together")
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+_LINEAR_FIELDS = tuple(
+    f.name for f in dataclasses.fields(LinearCostModel) if f.name != "name"
+)
+
+
+def _check_linear_profile(spec: dict[str, Any]) -> None:
+    kind = spec.get("kind", "linear")
+    if kind != "linear":
+        raise ValueError(f"unknown profile kind {kind!r} (known: linear)")
+    for key in spec:
+        if key != "kind" and key not in _LINEAR_FIELDS:
+            raise ValueError(
+                f"unknown field {key!r} for a linear profile (fields: {', '.join(_LINEAR_FIELDS)})"
+            )
+    if "step_base_s" not in spec:
+        raise ValueError("a linear profile needs step_base_s")
+    for key in _LINEAR_FIELDS:
+        if key not in spec:
+            continue
+        value = spec[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number (got {value!r})")
+        # Steps must take positive time, or simulated time could stand still.
+        if value < 0 or (key == "step_base_s" and value == 0):
+            bound = "> 0" if key == "step_base_s" else ">= 0"
+            raise ValueError(f"{key} must be {bound} (got {value!r})")
 
 
 def _parse_value(text: str) -> Any:
@@ -138,11 +192,23 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None
 
 def _format_validation_error(exc: ValidationError, where: str) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or True)
+    loc = ".".join(str(p) for p in err["loc"])
     msg = err["msg"]
-    if err["type"] == "extra_forbidden":
+    kind = err["type"]
+    if kind == "extra_forbidden":
         msg = "unknown key"
-    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+    elif kind == "value_error":
+        # our own validators: the message is already written for the user
+        msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
+    elif kind == "model_type":
+        msg = f"must be a mapping (got {err['input']!r})"
+    elif err["loc"][:1] == ("sweep",) and kind in ("too_short", "list_type"):
+        # the same words `lmsim sweep` uses when it expands the block
+        if kind == "too_short":
+            msg = "empty list (a sweep axis needs at least one value)"
+        else:
+            msg = f"expected a list of values, got {err['input']!r}"
+    elif "input" in err and kind not in ("missing",) and not isinstance(err["input"], dict):
         msg = f"{msg} (got {err['input']!r})"
     return f"{where}: {loc}: {msg}" if loc else f"{where}: {msg}"
 
@@ -160,8 +226,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: experiment file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not an experiment file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the experiment ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""

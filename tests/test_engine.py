@@ -144,3 +144,17 @@ def test_request_longer_than_the_kv_pool_is_rejected_instead_of_livelocking():
     trace = make_trace([0.0, 0.0], [20_000, 100], [2, 2])
     r = simulate(trace, cluster={"num_gpu_blocks": 1000})
     assert list(r.requests.status.astype(str)) == ["rejected", "finished"]
+
+
+def test_workload_sample_and_its_complement_partition_the_trace():
+    from conftest import make_config as cfg
+    from lmsim.workload.build import shape_workload
+
+    trace = make_trace([float(i) for i in range(100)], [10] * 100, [2] * 100)
+    part = shape_workload(trace, cfg(workload={"trace": "x", "sample": {"fraction": 1 / 3, "seed": 4}}))
+    rest = shape_workload(
+        trace, cfg(workload={"trace": "x", "sample": {"fraction": 1 / 3, "seed": 4, "complement": True}})
+    )
+    assert len(part) + len(rest) == 100
+    assert sorted(part.arrival_s.tolist() + rest.arrival_s.tolist()) == [float(i) for i in range(100)]
+    assert 20 < len(part) < 45

@@ -428,6 +428,21 @@ def test_lmetric_p_token_variants():
     assert make_policy("lmetric", p_token="request").choose(req, c) == 0  # 32, 320, 480
 
 
+def test_lmetric_indicator_ablation_figure_19():
+    # BS (R+Q): 2, 2, 3; total tokens: 9000, 100, 200; hits 144, 0, 0 of a 160-token prompt.
+    c = cluster_of(num_running=[2, 2, 3], total_tokens=[9000, 100, 200])
+    c.cached_override = [144, 0, 0]
+    req = make_request(160)
+    # P-token x BS: 16*2=32, 160*2=320, 160*3=480 -> 0
+    assert make_policy("lmetric", p_token="request").choose(req, c) == 0
+    # P-token x total tokens: 16*9000=144000, 160*100=16000, 160*200=32000 -> 1
+    assert make_policy("lmetric", p_token="request", load_indicator="total_tokens").choose(req, c) == 1
+    # miss ratio x BS: 0.1*2=0.2, 1*2=2, 1*3=3 -> 0
+    assert make_policy("lmetric", kv_indicator="miss_ratio").choose(req, c) == 0
+    # miss ratio x total tokens: 0.1*9000=900, 100, 200 -> 1
+    assert make_policy("lmetric", kv_indicator="miss_ratio", load_indicator="total_tokens").choose(req, c) == 1
+
+
 def test_lmetric_tie_breaks():
     c = cluster_of(num_running=[1, 1, 1])
     req = make_request(160)

@@ -50,8 +50,12 @@ class LMetric(Policy):
       tie_break="random": seeded uniform among equal scores; "rotate": first strict minimum
         scanning from a start index that advances by one per decision (vLLM-router style);
         "first": lowest instance id.
-    Scores are integer products, so the decision is exactly invariant to rescaling either
-    factor (tested as a property).
+      load_indicator="batch_size": the load factor; "total_tokens" uses the instance's tokens
+        in context instead (the seed's Figure 19 ablation).
+      kv_indicator="p_token": the KV factor; "miss_ratio" uses 1 − cached_i / input_tokens
+        instead (Figure 19).
+    Scores are integer products by default, so the decision is exactly invariant to
+    rescaling either factor (tested as a property).
     """
 
     def __init__(
@@ -61,7 +65,11 @@ class LMetric(Policy):
         bs_plus_one: bool = False,
         bs_source: str = "engine",
         tie_break: str = "random",
+        load_indicator: str = "batch_size",
+        kv_indicator: str = "p_token",
     ) -> None:
+        self.load_indicator = check_choice("load_indicator", load_indicator, ("batch_size", "total_tokens"))
+        self.kv_indicator = check_choice("kv_indicator", kv_indicator, ("p_token", "miss_ratio"))
         self.p_token = check_choice("p_token", p_token, ("instance_total", "request"))
         self.bs_plus_one = check_bool("bs_plus_one", bs_plus_one)
         self.bs_source = check_choice("bs_source", bs_source, ("engine", "inflight"))
@@ -74,11 +82,15 @@ class LMetric(Policy):
     ) -> tuple[list[int], list[int]]:
         inst = cluster.instances
         isl = request.input_tokens
-        if self.p_token == "instance_total":
+        if self.kv_indicator == "miss_ratio":
+            p = [1.0 - c / isl for c in cached]
+        elif self.p_token == "instance_total":
             p = [v.pending_prefill_tokens + isl - c for v, c in zip(inst, cached)]
         else:
             p = [isl - c for c in cached]
-        if self.bs_source == "engine":
+        if self.load_indicator == "total_tokens":
+            bs = [v.total_tokens for v in inst]
+        elif self.bs_source == "engine":
             bs = [v.batch_size for v in inst]
         else:
             self.inflight.ensure(len(inst))
@@ -126,7 +138,9 @@ class LMetricHotspot(LMetric):
     class's requests are routed by the LMetric score over M̄ only.
 
     Every alarm onset is recorded as a `hotspot_alarm` router event (time, class_id, x,
-    m = |M|, num_instances) and kept in `self.alarms`; its end as `hotspot_clear`.
+    m = |M|, num_instances) and kept in `self.alarms`; its end as `hotspot_clear`. Every
+    `log_interval_s` each tracked class is logged as a `hotspot_window` event (time,
+    class_id, x, m, num_instances, count, total) so the two ratios can be plotted over time.
 
     Params: window_s=60 (> 0), class_by="prefix", prefix_depth_blocks=8 (>= 1; 128 tokens,
       about a system prompt), top_k=8 (>= 1), refresh_s=1.0 (> 0), min_window_requests=20
@@ -142,14 +156,21 @@ class LMetricHotspot(LMetric):
         top_k: int = 8,
         refresh_s: float = 1.0,
         min_window_requests: int = 20,
+        log_interval_s: float = 60.0,
         p_token: str = "instance_total",
         bs_plus_one: bool = False,
         bs_source: str = "engine",
         tie_break: str = "random",
+        load_indicator: str = "batch_size",
+        kv_indicator: str = "p_token",
     ) -> None:
         super().__init__(
-            p_token=p_token, bs_plus_one=bs_plus_one, bs_source=bs_source, tie_break=tie_break
+            p_token=p_token, bs_plus_one=bs_plus_one, bs_source=bs_source, tie_break=tie_break,
+            load_indicator=load_indicator, kv_indicator=kv_indicator,
         )
+        self.log_interval_s = check_number("log_interval_s", log_interval_s, lo=0, lo_open=True)
+        self._next_log = 0.0
+        self._last_request: dict[int, Request] = {}
         self.window_s = check_number("window_s", window_s, lo=0, lo_open=True)
         self.class_by = check_choice("class_by", class_by, ("prefix", "class_id"))
         self.depth = check_number("prefix_depth_blocks", prefix_depth_blocks, lo=1, integer=True)
@@ -210,6 +231,8 @@ class LMetricHotspot(LMetric):
         cls = self.request_class(request)
         self._expire(now)
         self._refresh(now)
+        if now >= self._next_log:
+            self._log_windows(now, cluster)
         total = len(self._window) + 1
         allowed: list[int] | None = None
         if cls is not None and cls in self.tracked:
@@ -249,4 +272,28 @@ class LMetricHotspot(LMetric):
         if cls is not None:
             self.counts[cls] = self.counts.get(cls, 0) + 1
             self.hits[cls] = self.hits.get(cls, 0) + cached[choice]
+            self._last_request[cls] = request
         return choice
+
+    def _log_windows(self, now: float, cluster: ClusterView) -> None:
+        """Record x and |M| of every tracked class (its M from its latest request's prefix)."""
+        self._next_log = now + self.log_interval_s
+        total = len(self._window)
+        if not total:
+            return
+        bsz = cluster.block_size
+        for cls in sorted(self.tracked):
+            last = self._last_request.get(cls)
+            if last is None:
+                continue
+            need = min(self.depth, len(last.block_hashes), capped_blocks(last, bsz)) * bsz
+            cached = cluster.cached_prefix_tokens(last)
+            m = sum(1 for c in cached if c >= need and need > 0)
+            count = self.counts.get(cls, 0)
+            self.ctx.record_event(
+                "hotspot_window", time=now, class_id=cls, x=count / total, m=m,
+                num_instances=len(cached), count=count, total=total,
+            )
+        # Forget requests of classes that left the window so memory stays bounded.
+        for cls in [c for c in self._last_request if c not in self.counts]:
+            del self._last_request[cls]

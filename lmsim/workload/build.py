@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..config import ExperimentConfig
 from ..errors import ConfigError, TraceError
 from .trace import Trace, read_parquet
@@ -50,6 +52,13 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
         from .scaling import window
 
         trace = window(trace, w.start_s or 0.0, w.end_s if w.end_s is not None else float("inf"))
+    if w.sample is not None:
+        keep = np.random.default_rng(w.sample.seed).random(len(trace)) < w.sample.fraction
+        if w.sample.complement:
+            keep = ~keep
+        trace = trace.take(np.flatnonzero(keep))
+        if len(trace) == 0:
+            raise ConfigError("workload.sample: no requests left after thinning")
     full = trace
     if w.limit is not None:
         trace = trace.head(w.limit)
