@@ -256,8 +256,22 @@ def load_experiment(
     the raw (overridden) dict."""
     where = str(path)
     raw = apply_overrides(read_yaml(path), overrides or [], where=where)
+    _prefer_overridden_source(raw, overrides or [])
     config = validate(raw, where=where)
     return config, raw
+
+
+def _prefer_overridden_source(raw: dict[str, Any], overrides: list[str]) -> None:
+    """`--set workload.trace=...` on an experiment that generates its workload (or the
+    reverse) replaces the source instead of failing with two sources."""
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    workload = raw.get("workload")
+    if not isinstance(workload, dict):
+        return
+    if "workload.trace" in keys and not any(k.startswith("workload.generator") for k in keys):
+        workload.pop("generator", None)
+    elif any(k.startswith("workload.generator") for k in keys) and "workload.trace" not in keys:
+        workload.pop("trace", None)
 
 
 KVViewMode = Literal["exact", "approximate", "events"]
