@@ -109,6 +109,10 @@ class Simulation:
         for row in np.flatnonzero(after >= 0).tolist():
             self._children.setdefault(int(after[row]), []).append(row)
         self._delay = trace.column("delay_s")
+        self._session_id = trace.column("session_id")
+        self._parent_id = trace.column("parent_id")
+        self._class_id = trace.column("class_id")
+        self._slo_class = trace.column("slo_class")
         self._arrival_event: simpy.Event | None = None
         self._arrival_time = float("inf")
         self.live = 0  # arrived and not yet finished or rejected
@@ -127,9 +131,9 @@ class Simulation:
 
     def _view_adapter(self, rng: np.random.Generator) -> Any:
         view_cfg = dict(self.config.router.view)
-        if not view_cfg or (all(
-            view_cfg.get(k, "exact") == "exact" for k in ("kv_view", "load_view")
-        ) and set(view_cfg) <= {"kv_view", "load_view"}):
+        # Exact views need no adapter: policies then read the live instances directly.
+        exact = all(view_cfg.get(k, "exact") == "exact" for k in ("kv_view", "load_view"))
+        if exact and set(view_cfg) <= {"kv_view", "load_view"}:
             return None
         try:
             from .policies.views import ViewAdapter
@@ -232,21 +236,15 @@ class Simulation:
             output_tokens=int(trace.output_tokens[row]),
             block_hashes=engine_block_hashes(ids, trace.block_size, input_tokens, bs),
             trace_hash_ids=ids,
-            session_id=int(self._col("session_id")[row]),
-            parent_id=int(self._col("parent_id")[row]),
-            class_id=int(self._col("class_id")[row]),
-            slo_class=int(self._col("slo_class")[row]),
+            session_id=int(self._session_id[row]),
+            parent_id=int(self._parent_id[row]),
+            class_id=int(self._class_id[row]),
+            slo_class=int(self._slo_class[row]),
         )
         self.live += 1
         self.last_arrival_s = now
         self.recorder.arrived(request)
         self.router.route(request, now)
-
-    def _col(self, name: str) -> np.ndarray:
-        cache = self.__dict__.setdefault("_cols", {})
-        if name not in cache:
-            cache[name] = self.trace.column(name)
-        return cache[name]
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
         cap = self.config.cluster.max_waiting
