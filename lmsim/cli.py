@@ -4,13 +4,16 @@ failures print one line and exit 2 (`--debug` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import inspect
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import LmsimError
+from .errors import ConfigError, InvariantError, LmsimError
 
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,26 +35,93 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     pol.set_defaults(func=cmd_policies)
 
 
+@contextlib.contextmanager
+def _about(where: str) -> Iterator[None]:
+    """Name the experiment file in config errors raised by code that does not know it
+    (workload shaping, the simulation's constructor), so every message says where."""
+    try:
+        yield
+    except ConfigError as exc:
+        msg = str(exc)
+        if msg.startswith(f"{where}:"):
+            raise
+        raise ConfigError(f"{where}: {msg}") from None
+
+
 def _prepare(args: argparse.Namespace):
+    """Load and check everything a run needs, so bad input fails here with the experiment
+    file named, before any simulated time passes (shared by `run` and `validate`)."""
     from .config import load_experiment
     from .policies import POLICIES
     from .profile import load_cost_model
     from .workload.build import load_workload_trace
 
+    where = str(args.experiment)
     config, _raw = load_experiment(args.experiment, args.overrides)
     if getattr(args, "check", False):
         config = config.model_copy(update={"simulation": config.simulation.model_copy(update={"check": True})})
-    POLICIES.get(config.router.policy, where=f"{args.experiment}: router.policy")
-    load_cost_model(config.cluster.profile)
-    trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+    POLICIES.get(config.router.policy, where=f"{where}: router.policy")
+    POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    _check_router_view(config, where)
+    cost_model = load_cost_model(config.cluster.profile)
+    _check_kv_pool(config, cost_model, where)
+    _check_workload_source(config, where)
+    with _about(where):
+        trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
     return config, trace
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from .policies import POLICIES
+def _check_router_view(config, where: str) -> None:
+    view = dict(config.router.view)
+    if not view:
+        return
+    from .policies.views import ViewAdapter
 
+    allowed = [
+        name for name, p in inspect.signature(ViewAdapter.__init__).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    for key in view:
+        if key not in allowed:
+            raise ConfigError(f"{where}: router.view.{key}: unknown key (keys: {', '.join(allowed)})")
+    try:
+        ViewAdapter(**view)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: router.view: {exc}") from None
+
+
+def _check_kv_pool(config, cost_model, where: str) -> None:
+    cfg = config.cluster
+    if cfg.num_gpu_blocks is not None:
+        return
+    blocks = cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
+    if blocks is None:
+        raise ConfigError(
+            f"{where}: cluster.num_gpu_blocks: required with a profile that has no memory facts"
+        )
+    if blocks <= 0:
+        raise ConfigError(
+            f"{where}: cluster.gpu_memory_utilization: {cfg.gpu_memory_utilization} leaves no "
+            f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
+        )
+
+
+def _check_workload_source(config, where: str) -> None:
+    w = config.workload
+    if w.generator is not None:
+        from .workload.generators import GENERATORS
+
+        GENERATORS.create(
+            w.generator.name, dict(w.generator.params), where=f"{where}: workload.generator"
+        )
+    elif w.format is not None:
+        from .workload.formats import FORMATS
+
+        FORMATS.get(w.format, where=f"{where}: workload.format")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
     config, trace = _prepare(args)
-    POLICIES.create(config.router.policy, config.router.params, where=f"{args.experiment}: router.params")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
           f"{config.cluster.num_instances} instances)")
     return 0
@@ -62,14 +132,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     config, trace = _prepare(args)
-    sim = Simulation(config, trace)
-    results = sim.run()
     out = Path(args.out or config.output.dir or Path("runs") / config.name)
-    results.save(out, figure=config.output.figures and not args.no_figure)
+    _check_output_dir(out)  # before the run, not after it has taken its time
+    with _about(str(args.experiment)):
+        sim = Simulation(config, trace)
+        results = sim.run()
+    try:
+        results.save(out, figure=config.output.figures and not args.no_figure)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot write the run directory ({exc.strerror or exc})") from None
     s = results.summary
     print(format_summary(config.name, s))
     print(f"run directory: {out}  (total {time.perf_counter() - started:.1f}s)")
     return 0
+
+
+def _check_output_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: run directory path is an existing file")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{out}: cannot create the run directory, {parent} is a file")
 
 
 def format_summary(name: str, s: dict) -> str:
@@ -146,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"lmsim: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except InvariantError as exc:
+        # A checked run (--check) caught the engine in an impossible state: a bug, not bad
+        # input, so it gets its own exit code; --debug shows where it happened.
+        if args.debug:
+            raise
+        print(f"lmsim: invariant violated: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("lmsim: interrupted", file=sys.stderr)
         return 130

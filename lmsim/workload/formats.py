@@ -24,6 +24,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -562,6 +563,12 @@ def load_trace(
 ) -> Trace:
     """Load any supported trace into the canonical format."""
     path = Path(path)
-    name = format or infer_format(path)
-    loader = FORMATS.create(name)
-    return loader.load(path, skip_bad_rows)
+    try:
+        name = format or infer_format(path)
+        loader = FORMATS.create(name)
+        return loader.load(path, skip_bad_rows)
+    except UnicodeDecodeError:
+        # binary garbage (or another encoding) in a text format: one line, not a traceback
+        raise TraceError(f"{path}: not UTF-8 text") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        raise TraceError(f"{path}: corrupt or truncated gzip file") from None

@@ -216,8 +216,19 @@ def read_parquet(path: str | os.PathLike[str]) -> Trace:
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: trace file not found")
-    if path.stat().st_size == 0:
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, not a Parquet trace")
+    size = path.stat().st_size
+    if size == 0:
         raise TraceError(f"{path}: file is empty (0 bytes), not a Parquet trace")
+    # Check the magic bytes ourselves: pyarrow's wording for a non-Parquet file changes
+    # between versions, and the one-line error should not.
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(max(size - 4, 0))
+        tail = fh.read(4)
+    if size < 12 or head != b"PAR1" or tail != b"PAR1":
+        raise TraceError(f"{path}: not a Parquet file (no PAR1 magic bytes)")
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
