@@ -94,7 +94,7 @@ class Results:
         summary = summarize(requests, rec.status)
         summary.update(
             {
-                "sim_time_s": float(sim.env.now),
+                "sim_time_s": float(sim.last_activity_s),
                 "wall_time_s": wall_time_s,
                 "router_us_per_decision": sim.router.us_per_decision,
                 "num_steps": sum(i.num_steps for i in sim.instances),

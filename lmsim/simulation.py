@@ -117,6 +117,7 @@ class Simulation:
         self._arrival_time = float("inf")
         self.live = 0  # arrived and not yet finished or rejected
         self.last_arrival_s = 0.0
+        self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
     def _kv_blocks(self) -> int:
         cfg = self.config.cluster
@@ -222,6 +223,13 @@ class Simulation:
             schedule_at(self.env, stop_at, SAMPLE, self._stop)
 
     def _stop(self, _event: simpy.Event) -> None:
+        """The drain limit: stop once nothing more can arrive and the last arrival is
+        `drain_limit_s` old. A closed-loop successor released later re-arms it."""
+        if self._next_arrival() is not None or self._children:
+            return
+        if self.env.now < self.last_arrival_s + self.drain_limit or self.live == 0:
+            return  # not yet, or nothing left to cut short: the run ends by itself
+        self.last_activity_s = self.env.now
         raise simpy.core.StopSimulation(None)
 
     def _route(self, row: int, now: float) -> None:
@@ -243,6 +251,7 @@ class Simulation:
         )
         self.live += 1
         self.last_arrival_s = now
+        self.last_activity_s = now
         self.recorder.arrived(request)
         self.router.route(request, now)
 
@@ -263,14 +272,23 @@ class Simulation:
 
     def _release_children(self, request: Request, now: float) -> None:
         if request.state is not RequestState.FINISHED:
-            return  # a closed-loop successor of a rejected request never arrives
+            self._drop_successors(request.request_id)
+            return
         for row in self._children.pop(request.request_id, ()):
             heapq.heappush(self._released, (now + float(self._delay[row]), row))
         self._schedule_next_arrival()
 
+    def _drop_successors(self, row: int) -> None:
+        """A closed-loop chain whose step was rejected never continues: forget every
+        successor so the run does not wait for them."""
+        stack = [row]
+        while stack:
+            stack.extend(self._children.pop(stack.pop(), ()))
+
     # -- step ends -----------------------------------------------------------------------
 
     def _on_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
+        self.last_activity_s = now
         for request in outcome.first_tokens:
             self.policy.on_first_token(request)
         for request in outcome.finished:
