@@ -4,6 +4,7 @@ failures print one line and exit 2 (`--debug` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import os
 import contextlib
 import importlib
 import importlib.util
@@ -239,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lmsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `lmsim run ... | head`): results are already saved;
+        # silence the interpreter's own complaint when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

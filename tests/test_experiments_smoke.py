@@ -1,6 +1,10 @@
 """Every experiment YAML under experiments/ validates (all sweep points) and runs with
-`--set workload.limit=50`. To stay fast, each sweep runs a covering subset of its points:
-every swept value of every key appears in at least one run."""
+`workload.limit=50`. To stay fast, each sweep runs a covering subset of its points:
+every swept value of every key appears in at least one run. The limit is forced on each
+expanded point, since a sweep may set `workload.limit` per point (the paper YAMLs size
+each trace that way) and a swept value wins over `--set`. Every capacity a `workload.load`
+needs must come from the shipped experiments/capacity.json: the user cache is hidden and a
+capacity search fails the test, so a fresh clone never searches."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lmsim import capacity
 from lmsim.results import is_complete
 from lmsim.sweep import SweepPoint, load_sweep, run_point
 
@@ -32,10 +37,28 @@ def test_there_are_paper_experiments() -> None:
     assert {"fig11", "fig12", "fig15", "fig19", "fig21", "fig22", "fig23", "fig26", "canary"} <= names
 
 
+@pytest.fixture
+def shipped_capacities_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    read = capacity._read_cache
+
+    def bundled_only(path: Path | None = None) -> dict:
+        return read(path) if path == capacity.BUNDLED_PATH else {}
+
+    def no_search(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError(
+            "capacity search ran: run `lmsim capacity EXP --bundle` for this workload and cluster"
+        )
+
+    monkeypatch.setattr(capacity, "_read_cache", bundled_only)
+    monkeypatch.setattr(capacity, "is_sustainable", no_search)
+
+
+@pytest.mark.usefixtures("shipped_capacities_only")
 @pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(EXPERIMENTS)) for p in YAMLS])
 def test_experiment_validates_and_runs(path: Path, tmp_path: Path) -> None:
     _raw, points = load_sweep(path, ["workload.limit=50"])  # validates every point
     for p in covering(points):
+        p.raw.setdefault("workload", {})["limit"] = 50
         result = run_point({"name": p.name, "raw": p.raw, "where": str(path),
                             "experiment_dir": str(path.parent), "out": str(tmp_path)})  # fmt: skip
         assert result["ok"], result.get("traceback")
