@@ -4,11 +4,11 @@ failures print one line and exit 2 (`--debug` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
-import os
 import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import time
 from collections.abc import Iterator
