@@ -19,6 +19,7 @@ from ..trace import Trace
 
 _NORMAL = statistics.NormalDist()
 _BIG = np.int64(1) << np.int64(40)  # key stride per chain; no request has 2^40 blocks
+_CHUNK_BLOCKS = 1 << 22  # blocks expanded at once by chained_ids
 
 
 def _phi(x: float) -> float:
@@ -137,24 +138,32 @@ def chained_ids(
     sel = np.arange(n, dtype=np.int64) if rows_sel is None else rows_sel
     offsets = np.zeros(len(sel) + 1, dtype=np.int64)
     np.cumsum(nblocks[sel], out=offsets[1:])
-    total = int(offsets[-1])
-    local = np.repeat(np.arange(len(sel), dtype=np.int64), nblocks[sel])
-    rows = sel[local]
-    pos = np.arange(total, dtype=np.int64) - offsets[local]
     chain = plan.chain.astype(np.int64)
     turn_keys = chain * _BIG + keep
     if np.any(np.diff(turn_keys) < 0):
         raise ValueError("keep must be non-decreasing within a chain")
-    owner = np.searchsorted(turn_keys, chain[rows] * _BIG + pos, side="right") - 1
-    owner = np.minimum(owner, rows)
-    # a turn of an earlier chain, or none at all, means the virtual prefix turn owns it
-    virtual = (owner < 0) | (chain[np.maximum(owner, 0)] != chain[rows])
-    o = np.maximum(owner, 0)
-    values = np.where(
-        virtual,
-        plan.chain_prefix_base[chain[rows]] + pos,
-        fresh_base[o] + (pos - keep[o]),
-    )
+    values = np.empty(int(offsets[-1]), dtype=np.int64)
+    # Expand a slice of rows at a time: the per-block temporaries of a million-request trace
+    # would otherwise cost several times the size of the ids themselves.
+    start = 0
+    while start < len(sel):
+        stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BLOCKS, side="right")) - 1
+        stop = min(max(stop, start + 1), len(sel))
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        local = np.repeat(np.arange(start, stop, dtype=np.int64), nblocks[sel[start:stop]])
+        rows = sel[local]
+        pos = np.arange(lo, hi, dtype=np.int64) - offsets[local]
+        owner = np.searchsorted(turn_keys, chain[rows] * _BIG + pos, side="right") - 1
+        owner = np.minimum(owner, rows)
+        # a turn of an earlier chain, or none at all, means the virtual prefix turn owns it
+        virtual = (owner < 0) | (chain[np.maximum(owner, 0)] != chain[rows])
+        o = np.maximum(owner, 0)
+        values[lo:hi] = np.where(
+            virtual,
+            plan.chain_prefix_base[chain[rows]] + pos,
+            fresh_base[o] + (pos - keep[o]),
+        )
+        start = stop
     return offsets, values
 
 
@@ -171,21 +180,20 @@ def build_trace(
     rows = rows[np.argsort(plan.arrival[rows], kind="stable")]
     if num_requests is not None:
         rows = rows[:num_requests]
-    # rows outside the window get no ids; `take` below never reads them
-    sel = np.sort(rows)
-    offsets_sel, values = chained_ids(plan, block_size, sel)
-    counts = np.zeros(len(plan.arrival), dtype=np.int64)
-    counts[sel] = np.diff(offsets_sel)
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    # Ids are expanded directly in output order (rows outside the window get none), so the
+    # largest array of a big trace is built once and never copied.
+    offsets, values = chained_ids(plan, block_size, rows)
     full = Trace(
         arrival_s=plan.arrival, input_tokens=plan.input_tokens,
-        output_tokens=plan.output_tokens, hash_offsets=offsets, hash_values=values,
+        output_tokens=plan.output_tokens,
+        hash_offsets=np.zeros(len(plan.arrival) + 1, dtype=np.int64),
+        hash_values=np.zeros(0, dtype=np.int64),
         block_size=block_size, session_id=plan.session, parent_id=plan.parent,
         class_id=plan.class_id, after_id=plan.after, delay_s=plan.delay, source=source,
         meta=dict(plan.meta),
     )  # fmt: skip
     out = full.take(rows)
+    out.hash_offsets, out.hash_values = offsets, values
     out.arrival_s = out.arrival_s - start_s
     if out.session_id is not None:
         # dense session numbers in order of first appearance
