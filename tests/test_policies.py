@@ -461,8 +461,26 @@ def test_lmetric_inflight_batch_size():
 
 # ---------------------------------------------------------------- lmetric_hotspot (§9c-d)
 def _hotspot(ctx, **kw):
+    kw.setdefault("warmup_s", 0.0)
     return make_policy("lmetric_hotspot", ctx, prefix_depth_blocks=2, top_k=1,
                        min_window_requests=4, refresh_s=0.001, bs_plus_one=True, **kw)
+
+
+def test_hotspot_waits_one_window_before_alarming():
+    # The same hot-class traffic as below, but with the default warm-up of one window (1 s):
+    # no alarm in the first second, an alarm once a full window of traffic has been seen.
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    p = _hotspot(ctx, window_s=1.0, warmup_s=None)
+    c.instances[0].blocks = set(hashes("hot", 2))
+    for k in range(6):
+        ctx.advance(k * 0.01)
+        route(p, request_with_prefix("hot", 2, 160), c)
+    assert p.alarms == []
+    ctx.advance(1.0)
+    for _ in range(4):
+        route(p, request_with_prefix("hot", 2, 160), c)
+    assert len(p.alarms) == 1 and p.alarms[0]["time"] >= 1.0
 
 
 def test_hotspot_alarm_filters_the_cached_instances():

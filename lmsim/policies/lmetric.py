@@ -133,8 +133,9 @@ class LMetricHotspot(LMetric):
     the window's arrivals (this one included), M = instances whose cache holds the class
     prefix (hit ≥ the prefix depth), M̄ the rest. Eq. 2 is violated when
     `x/(1 − x) > |M|/|M̄|` (compared as `count_c·|M̄| > |M|·(total − count_c)`, exact), and
-    only if |M| ≥ 1, |M̄| ≥ 1 and the window holds at least `min_window_requests` arrivals
-    (so a cold start, where the first request has x = 1, raises no alarm). While violated the
+    only if |M| ≥ 1, |M̄| ≥ 1, the window holds at least `min_window_requests` arrivals and
+    the router has seen `warmup_s` of traffic (default: one full window; a cold start, where
+    the first requests of every class are cached on one instance, is not a hotspot). While violated the
     class's requests are routed by the LMetric score over M̄ only.
 
     Every alarm onset is recorded as a `hotspot_alarm` router event (time, class_id, x,
@@ -144,7 +145,8 @@ class LMetricHotspot(LMetric):
 
     Params: window_s=60 (> 0), class_by="prefix", prefix_depth_blocks=8 (>= 1; 128 tokens,
       about a system prompt), top_k=8 (>= 1), refresh_s=1.0 (> 0), min_window_requests=20
-      (>= 1), plus every `lmetric` param.
+      (>= 1), log_interval_s=60 (> 0), warmup_s=None (= window_s; >= 0), plus every
+      `lmetric` param.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class LMetricHotspot(LMetric):
         refresh_s: float = 1.0,
         min_window_requests: int = 20,
         log_interval_s: float = 60.0,
+        warmup_s: float | None = None,
         p_token: str = "instance_total",
         bs_plus_one: bool = False,
         bs_source: str = "engine",
@@ -169,9 +172,11 @@ class LMetricHotspot(LMetric):
             load_indicator=load_indicator, kv_indicator=kv_indicator,
         )
         self.log_interval_s = check_number("log_interval_s", log_interval_s, lo=0, lo_open=True)
+        self._first_seen: float | None = None
         self._next_log = 0.0
         self._last_request: dict[int, Request] = {}
         self.window_s = check_number("window_s", window_s, lo=0, lo_open=True)
+        self.warmup_s = self.window_s if warmup_s is None else check_number("warmup_s", warmup_s, lo=0)
         self.class_by = check_choice("class_by", class_by, ("prefix", "class_id"))
         self.depth = check_number("prefix_depth_blocks", prefix_depth_blocks, lo=1, integer=True)
         self.top_k = check_number("top_k", top_k, lo=1, integer=True)
@@ -226,6 +231,8 @@ class LMetricHotspot(LMetric):
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         now = cluster.now
+        if self._first_seen is None:
+            self._first_seen = now
         cached = cluster.cached_prefix_tokens(request)
         p, bs = self.factors(request, cluster, cached)
         cls = self.request_class(request)
@@ -244,7 +251,8 @@ class LMetricHotspot(LMetric):
             mbar = n - m
             count = self.counts.get(cls, 0) + 1
             violated = (
-                total >= self.min_requests and m >= 1 and mbar >= 1
+                total >= self.min_requests and now - self._first_seen >= self.warmup_s
+                and m >= 1 and mbar >= 1
                 and count * mbar > m * (total - count)
             )
             if violated:
