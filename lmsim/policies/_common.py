@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..request import Request
+from .base import argmin_first, argmin_random
 
 
 def check_number(
@@ -97,19 +98,10 @@ def argmin_rotating(scores: Sequence[float], start: int) -> int:
 def pick_min(scores: Sequence[Any], tie_break: str, rng: np.random.Generator, start: int = 0) -> int:
     """argmin with a named tie-break: 'random' (seeded), 'first' (lowest id) or 'rotate'."""
     if tie_break == "random":
-        low = min(scores)
-        ties = [i for i, s in enumerate(scores) if s == low]
-        if len(ties) == 1:
-            return ties[0]
-        return ties[int(rng.integers(len(ties)))]
+        return argmin_random(scores, rng)
     if tie_break == "rotate":
         return argmin_rotating(scores, start)
-    best = 0
-    best_score = scores[0]
-    for i in range(1, len(scores)):
-        if scores[i] < best_score:
-            best, best_score = i, scores[i]
-    return best
+    return argmin_first(scores)
 
 
 def capped_blocks(request: Request, block_size: int) -> int:
