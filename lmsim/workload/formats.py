@@ -205,18 +205,23 @@ class _Rows:
 def _json_lines(path: Path, rows: _Rows):
     """Yield (1-based line number, dict) for every non-blank line."""
     with _open_text(path) as fh:
-        for n, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                rows.bad(n, f"record is not valid JSON ({exc.msg} at column {exc.colno})")
-                continue
-            if not isinstance(rec, dict):
-                rows.bad(n, f"record must be a JSON object, got {type(rec).__name__}")
-                continue
-            yield n, rec
+        yield from _parse_lines(fh, rows)
+
+
+def _parse_lines(lines, rows: _Rows):
+    """(1-based line number, dict) per non-blank line; bad lines go to `rows.bad`."""
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            rows.bad(n, f"record is not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(rec, dict):
+            rows.bad(n, f"record must be a JSON object, got {type(rec).__name__}")
+            continue
+        yield n, rec
 
 
 @FORMATS.register("canonical")
@@ -441,18 +446,7 @@ def _session_records(path: Path, rows: _Rows):
         if isinstance(rec, dict):
             yield 1, rec
             return
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            rows.bad(n, f"record is not valid JSON ({exc.msg} at column {exc.colno})")
-            continue
-        if not isinstance(rec, dict):
-            rows.bad(n, f"record must be a JSON object, got {type(rec).__name__}")
-            continue
-        yield n, rec
+    yield from _parse_lines(text.splitlines(), rows)
 
 
 @FORMATS.register("azure")
