@@ -77,9 +77,20 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
         from .scaling import mean_rate, time_scale
 
         # Capacity belongs to the workload and cluster, not to a prefix cut for a quick run:
-        # it is measured before `limit`, and the prefix is stretched by the same factor as
-        # the whole, so a smoke test at limit=50 keeps the arrival times of the real run.
+        # it is measured before `limit` (see capacity_trace), and the prefix is stretched by
+        # the same factor as the whole, so a smoke test at limit=50 keeps the arrival times
+        # of the real run.
         capacity, _ = find_capacity(full, config)
         trace = time_scale(trace, w.load * capacity / mean_rate(full))
     return trace
 
+
+
+def capacity_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
+    """The trace whose capacity `workload.load` refers to: the workload after its window and
+    sampling, before `limit` and any rescaling."""
+    w = config.workload
+    bare = config.model_copy(
+        update={"workload": w.model_copy(update={"limit": None, "load": None, "rate": None, "time_scale": None})}
+    )
+    return load_workload_trace(bare, experiment_dir)
