@@ -185,8 +185,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
         doc = (inspect.getdoc(cls) or "").splitlines()
         params = POLICIES.parameters(name)
         shown = ", ".join(
-            f"{p.name}={p.default!r}" if p.default is not inspect.Parameter.empty else p.name
-            for p in params.values()
+            f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
+            for key, p in params.items()
         )
         print(f"{name:16} {doc[0] if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
