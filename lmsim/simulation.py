@@ -232,6 +232,11 @@ class Simulation:
         self.last_activity_s = self.env.now
         raise simpy.core.StopSimulation(None)
 
+    def _hard_stop(self, _event: simpy.Event) -> None:
+        if self.live or self._next_arrival() is not None or self._children:
+            self.last_activity_s = self.env.now
+            raise simpy.core.StopSimulation(None)
+
     def _route(self, row: int, now: float) -> None:
         trace = self.trace
         ids = trace.hash_ids(row)
@@ -304,9 +309,13 @@ class Simulation:
 
     # -- running -------------------------------------------------------------------------
 
-    def run(self, progress: Callable[[float], None] | None = None) -> Results:
+    def run(self, stop_at_s: float | None = None) -> Results:
+        """Replay the workload. `stop_at_s` cuts the run at that simulated time (for callers
+        that only need to know what finished by then, like the capacity search)."""
         self.drain_limit = self.config.simulation.drain_limit_s
         started = time.perf_counter()
+        if stop_at_s is not None:
+            schedule_at(self.env, stop_at_s, SAMPLE, self._hard_stop)
         self._schedule_periodic(self.config.simulation.sample_interval_s, self._sample, 0)
         for period, callback in self._periodic:
             self._schedule_periodic(period, callback, 1)
