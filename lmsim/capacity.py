@@ -12,7 +12,8 @@ Sustainability criterion (documented in the README): a rate is sustainable when
 1. throughput keeps up: the probe drains soon after its last arrival: every request has
    finished within `drain_factor` x the longest isolated service time of any probe request
    (its prefill alone on an idle instance plus its decode steps at batch size 1) after the
-   trace's nominal last arrival (for closed-loop rows, their open-loop estimate); and
+   last arrival the trace would have on an idle cluster (a closed-loop step arrives its
+   think time after its predecessor would finish if served alone); and
 2. the queue does not grow: the mean TTFT of the requests arriving in the last quarter of
    the span is at most `growth_factor` x that of the second quarter plus `growth_slack_s`.
 At an overloaded rate the backlog grows over the run, so TTFT grows and the drain takes
@@ -42,7 +43,7 @@ from .workload.trace import Trace
 
 CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
 BUNDLED_PATH = Path(__file__).resolve().parents[1] / "experiments" / "capacity.json"
-CRITERION_VERSION = 3
+CRITERION_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,22 @@ def isolated_service_time(cost_model: Any, input_tokens: int, output_tokens: int
     return total
 
 
+def idle_arrivals(trace: Trace, service: dict[tuple[int, int], float]) -> np.ndarray:
+    """Arrival times on an idle cluster: open-loop rows at their timestamps, a closed-loop
+    step `delay_s` after its predecessor would finish if served alone."""
+    after = trace.column("after_id")
+    if not (after >= 0).any():
+        return trace.arrival_s
+    delay = trace.column("delay_s")
+    arrive = trace.arrival_s.copy()
+    inputs, outputs = trace.input_tokens, trace.output_tokens
+    for row in np.flatnonzero(after >= 0).tolist():
+        parent = int(after[row])
+        done = arrive[parent] + service[(int(inputs[parent]), int(outputs[parent]))]
+        arrive[row] = done + delay[row]
+    return arrive
+
+
 def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> tuple[bool, str]:
     from .profile import load_cost_model
     from .simulation import Simulation
@@ -91,18 +108,18 @@ def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearc
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
     cost_model = load_cost_model(config.cluster.profile)
     budget = config.cluster.max_num_batched_tokens
-    longest = max(
-        isolated_service_time(cost_model, int(i), int(o), budget)
-        for i, o in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
-    )
-    drain = search.drain_factor * longest + search.drain_slack_s
+    service = {
+        key: isolated_service_time(cost_model, key[0], key[1], budget)
+        for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
+    }
+    drain = search.drain_factor * max(service.values()) + search.drain_slack_s
     cfg = probe_config(config)
     cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
-    # Lateness is judged against the trace's own (nominal) last arrival: in a closed-loop
-    # trace an overloaded cluster also delays the arrivals themselves, so "after the last
-    # arrival" measured in the run would move with the overload it is meant to detect.
-    # Whatever is unfinished at the deadline fails the probe, so the run stops there.
-    deadline = float(trace.arrival_s.max()) + drain
+    # Lateness is judged against the last arrival the trace would have on an idle cluster:
+    # in a closed-loop trace an overloaded cluster also delays the arrivals themselves, so
+    # "after the last arrival" measured in the run would move with the overload it is meant
+    # to detect. Whatever is unfinished at the deadline fails the probe, so the run stops.
+    deadline = float(idle_arrivals(trace, service).max()) + drain
     results = Simulation(cfg, trace).run(stop_at_s=deadline)
     req = results.requests
     finished = req["finished_at"].to_numpy()
