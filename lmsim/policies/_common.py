@@ -107,3 +107,9 @@ def pick_min(scores: Sequence[Any], tie_break: str, rng: np.random.Generator, st
 def capped_blocks(request: Request, block_size: int) -> int:
     """Prompt blocks a cache hit may cover: the engine always computes at least one token."""
     return max(0, (request.input_tokens - 1) // block_size)
+
+
+def estimator_cost_model(ctx: Any, profile: Any) -> Any:
+    """The step-cost model a predictive policy prices with: the engine's own (a well-tuned
+    simulator) unless the policy names another profile (an untuned one)."""
+    return ctx.cost_model if profile is None else ctx.load_cost_model(profile)

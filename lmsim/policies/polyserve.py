@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..request import Request
-from ._common import check_number, pick_min
+from ._common import check_number, estimator_cost_model, pick_min
 from .base import POLICIES, ClusterView, Policy, RouterContext
 from .predictive import estimate_ttft
 
@@ -74,11 +74,7 @@ class PolyServe(Policy):
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = (
-            ctx.cost_model
-            if self.estimator_profile is None
-            else ctx.load_cost_model(self.estimator_profile)
-        )
+        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
         self.bins = self.make_bins(ctx.num_instances)
 
     def make_bins(self, n: int) -> list[list[int]]:

@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 
 from ..request import Request
-from ._common import check_bool, check_number
+from ._common import check_bool, check_number, estimator_cost_model
 from .base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -104,11 +104,7 @@ class Preble(Policy):
     # ---- setup -------------------------------------------------------------------------
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = (
-            ctx.cost_model
-            if self.estimator_profile is None
-            else ctx.load_cost_model(self.estimator_profile)
-        )
+        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
         self._ensure(ctx.num_instances)
 
     def _ensure(self, n: int) -> None:

@@ -7,7 +7,7 @@ import math
 from typing import Any, Protocol
 
 from ..request import Request
-from ._common import check_bool, check_number, pick_min
+from ._common import check_bool, check_number, estimator_cost_model, pick_min
 from .base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -138,10 +138,7 @@ class LlmdPredicted(Policy):
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        if self.estimator_profile is None:
-            self.cost_model = ctx.cost_model
-        else:
-            self.cost_model = ctx.load_cost_model(self.estimator_profile)
+        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
 
     def predict(self, request: Request, cluster: ClusterView) -> list[float]:
         ctx = self.ctx
