@@ -98,23 +98,30 @@ class GlobalPrefixIndex:
 
     def match_blocks(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Leading blocks of `hashes[:max_blocks]` cached on each instance."""
-        n = self.num_instances
-        limit = min(max_blocks, len(hashes))
-        lengths = [limit] * n
-        mask = (1 << n) - 1
-        get = self._holders.get
-        for j in range(limit):
-            held = get(hashes[j], 0) & mask
-            if held != mask:
-                dropped = mask & ~held
-                while dropped:
-                    low = dropped & -dropped
-                    lengths[low.bit_length() - 1] = j
-                    dropped ^= low
-                mask = held
-                if not mask:
-                    break
-        return lengths
+        return leading_matches(hashes, max_blocks, self.num_instances, self._holders.get)
+
+
+def leading_matches(
+    hashes: Sequence[int], max_blocks: int, num_instances: int, holders: Callable[[int, int], int]
+) -> list[int]:
+    """Per instance, how many leading blocks of `hashes[:max_blocks]` it holds, in one pass.
+    `holders(h, 0)` is the bitmask of instances holding block h (0 if none); any index of
+    block holders (exact, approximate, delayed) can be matched this way."""
+    limit = min(max_blocks, len(hashes))
+    lengths = [limit] * num_instances
+    mask = (1 << num_instances) - 1
+    for j in range(limit):
+        held = holders(hashes[j], 0) & mask
+        if held != mask:
+            dropped = mask & ~held
+            while dropped:
+                low = dropped & -dropped
+                lengths[low.bit_length() - 1] = j
+                dropped ^= low
+            mask = held
+            if not mask:
+                break
+    return lengths
 
 
 class PrefixCache:
@@ -225,16 +232,9 @@ class PrefixCache:
     def register(self, block_hash: int) -> int:
         """A block just filled with content `block_hash`: make it a cache entry, unless that
         hash is cached already (then it is a duplicate and stays anonymous). Returns its key."""
-        if block_hash in self._in_use or block_hash in self._free:
-            key = self._next_anon
-            self._next_anon -= 1
-            return key
-        self._in_use[block_hash] = 1
-        if self._index is not None:
-            self._index.add(block_hash, self.instance_id)
-        for listener in self._listeners:
-            listener(self.instance_id, block_hash, True)
-        return block_hash
+        keys = [0]
+        self.register_range((block_hash,), keys, 0, 1)
+        return keys[0]
 
     def register_range(self, hashes: Sequence[int], keys: list[int], first: int, last: int) -> None:
         """`register` blocks first..last-1 of a prompt in place in `keys` (one call per chunk:

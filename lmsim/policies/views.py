@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from ..kv_cache import leading_matches
 from ..request import Request
 from ._common import capped_blocks, check_choice, check_number
 from .base import ClusterView, InstanceView, RouterContext
@@ -46,33 +47,6 @@ _LOAD_FIELDS = (
     "num_free_blocks",
     "num_total_blocks",
 )
-
-
-def _leading_matches(hashes: Sequence[int], limit: int, n: int, holders) -> list[int]:
-    """Per instance, how many of the first `limit` hashes it holds consecutively from the
-    start. `holders(h)` is a bitmask of instances holding h. One pass over the prompt."""
-    out = [0] * n
-    alive = (1 << n) - 1
-    for j in range(limit):
-        held = holders(hashes[j]) & alive
-        dropped = alive & ~held
-        if dropped:
-            i = 0
-            while dropped:
-                if dropped & 1:
-                    out[i] = j
-                dropped >>= 1
-                i += 1
-            alive = held
-        if not alive:
-            return out
-    i = 0
-    while alive:
-        if alive & 1:
-            out[i] = limit
-        alive >>= 1
-        i += 1
-    return out
 
 
 class ApproxPrefixIndex:
@@ -102,7 +76,7 @@ class ApproxPrefixIndex:
         entries = self._entries
         horizon = now - self.ttl_s
 
-        def holders(h: int) -> int:
+        def holders(h: int, _none: int = 0) -> int:
             e = entries.get(h)
             if not e:
                 return 0
@@ -112,7 +86,7 @@ class ApproxPrefixIndex:
                     mask |= 1 << i
             return mask
 
-        return [b * block_size for b in _leading_matches(request.block_hashes, limit, self.n, holders)]
+        return [b * block_size for b in leading_matches(request.block_hashes, limit, self.n, holders)]
 
 
 class EventPrefixIndex:
@@ -150,8 +124,7 @@ class EventPrefixIndex:
     def match_tokens(self, request: Request, block_size: int, now: float) -> list[int]:
         self.catch_up(now)
         limit = min(len(request.block_hashes), capped_blocks(request, block_size))
-        get = self._holders.get
-        blocks = _leading_matches(request.block_hashes, limit, self.n, lambda h: get(h, 0))
+        blocks = leading_matches(request.block_hashes, limit, self.n, self._holders.get)
         return [b * block_size for b in blocks]
 
 
