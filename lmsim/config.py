@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
-from .profile.base import LinearCostModel
+from lmsim.errors import ConfigError
+from lmsim.profile.base import LinearCostModel
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ import keyword
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from .errors import ConfigError
+from lmsim.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lmsim.config import ExperimentConfig, validate
-from lmsim.results import Results
-from lmsim.simulation import Simulation
+from lmsim.engine.results import Results
+from lmsim.engine.simulation import Simulation
 from lmsim.workload.trace import Trace
 
 

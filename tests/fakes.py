@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from lmsim.engine.request import Request
 from lmsim.policies import POLICIES, Policy
 from lmsim.profile import LinearCostModel, load_cost_model
-from lmsim.request import Request
 
 BLOCK = 16
 

@@ -14,8 +14,9 @@ import pytest
 
 from conftest import make_trace, simulate
 from lmsim.cli import main
-from lmsim.errors import LmsimError
-from lmsim.results import Results, is_complete
+from lmsim.engine.results import Results
+from lmsim.errors import ConfigError, LmsimError
+from lmsim.study.rundir import is_complete, load_run, save_run
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
@@ -138,25 +139,45 @@ def _results() -> Results:
     return simulate(make_trace([0.0, 0.5], [100, 40], [4, 2]))
 
 
-def test_save_replaces_an_existing_run_directory_completely(tmp_path):
+def test_save_refuses_a_directory_lmsim_did_not_write(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "stale.txt").write_text("from an older run")
-    _results().save(run_dir, figure=False)
+    (run_dir / "notes.txt").write_text("the user's")
+    with pytest.raises(ConfigError, match="was not written by lmsim"):
+        save_run(_results(), run_dir, figure=False)
+    assert [p.name for p in run_dir.iterdir()] == ["notes.txt"]
+    assert (run_dir / "notes.txt").read_text() == "the user's"
+
+
+def test_save_refuses_a_run_directory_holding_a_foreign_file(tmp_path):
+    run_dir = tmp_path / "run"
+    save_run(_results(), run_dir, figure=False)
+    (run_dir / "notes.txt").write_text("added by the user")
+    with pytest.raises(ConfigError, match=r"holds files lmsim did not write \(notes.txt\)"):
+        save_run(_results(), run_dir, figure=False)
+    assert (run_dir / "notes.txt").read_text() == "added by the user"
+
+
+def test_save_replaces_an_existing_run_directory_completely(tmp_path):
+    run_dir = tmp_path / "run"
+    save_run(_results(), run_dir, figure=False)
+    (run_dir / "cdf.png").write_text("a figure from an older run")
+    save_run(_results(), run_dir, figure=False)
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "config.yaml", "instances.parquet", "requests.parquet", "router_events.parquet", "summary.json",
+        "config.yaml", "instances.parquet", "lmsim.json", "requests.parquet", "router_events.parquet",
+        "summary.json",
     ]
     # no temporary or backup siblings are left next to it
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
-    assert Results.load(run_dir).summary["num_finished"] == 2
+    assert load_run(run_dir).summary["num_finished"] == 2
 
 
 def test_a_save_that_fails_midway_leaves_the_previous_run_untouched(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    _results().save(run_dir, figure=False)
+    save_run(_results(), run_dir, figure=False)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
 
-    import lmsim.results as results_module
+    import lmsim.study.rundir as results_module
 
     # fail after requests.parquet and instances.parquet are written to the temporary dir
     calls = {"n": 0}
@@ -170,19 +191,19 @@ def test_a_save_that_fails_midway_leaves_the_previous_run_untouched(tmp_path, mo
 
     monkeypatch.setattr(results_module.pq, "write_table", flaky)
     with pytest.raises(OSError, match="disk full"):
-        _results().save(run_dir, figure=False)
+        save_run(_results(), run_dir, figure=False)
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     assert is_complete(run_dir)
 
 
 def test_a_failed_first_save_leaves_no_run_directory(tmp_path, monkeypatch):
-    import lmsim.results as results_module
+    import lmsim.study.rundir as results_module
 
     def explode(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(results_module.pq, "write_table", explode)
     with pytest.raises(OSError):
-        _results().save(tmp_path / "run", figure=False)
+        save_run(_results(), tmp_path / "run", figure=False)
     assert not (tmp_path / "run").exists()
     assert not is_complete(tmp_path / "run")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from conftest import make_config, make_trace
-from lmsim.capacity import CapacitySearch, find_capacity, is_sustainable
+from lmsim.study.capacity import CapacitySearch, find_capacity, is_sustainable
 from lmsim.workload.scaling import scale_to_rate
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from lmsim.config import ExperimentConfig, validate
-from lmsim.results import Results
-from lmsim.simulation import Simulation
+from lmsim.engine.simulation import Simulation
+from lmsim.study.rundir import load_run, save_run
 from lmsim.workload.generators import generate
 from lmsim.workload.trace import read_parquet
 
@@ -68,7 +68,7 @@ def raw_experiment(trace_path: Path, policy: str, *, seed: int = 0, fast_forward
 
 def run_and_save(config: ExperimentConfig, trace_path: Path, out: Path) -> tuple[dict[str, bytes], dict[str, Any]]:
     results = Simulation(config, read_parquet(trace_path)).run()
-    results.save(out, figure=False)
+    save_run(results, out, figure=False)
     return read_run(out)
 
 
@@ -120,8 +120,8 @@ def test_the_seed_does_not_change_a_deterministic_policy(trace_path, tmp_path):
 
 
 def test_the_seed_changes_a_random_policy_and_nothing_but_its_choices(trace_path, tmp_path):
-    a = Results.load(_save_dir(trace_path, "random", 0, tmp_path / "a")).requests
-    b = Results.load(_save_dir(trace_path, "random", 1, tmp_path / "b")).requests
+    a = load_run(_save_dir(trace_path, "random", 0, tmp_path / "a")).requests
+    b = load_run(_save_dir(trace_path, "random", 1, tmp_path / "b")).requests
     # same requests, same arrivals and lengths; different placements
     for column in ("request_id", "arrived_at", "input_tokens", "output_tokens"):
         assert a[column].equals(b[column]), column
@@ -130,8 +130,8 @@ def test_the_seed_changes_a_random_policy_and_nothing_but_its_choices(trace_path
 
 
 def test_the_seed_changes_noisy_predictions(trace_path, tmp_path):
-    a = Results.load(_save_dir(trace_path, "llmd", 0, tmp_path / "a")).router_events
-    b = Results.load(_save_dir(trace_path, "llmd", 1, tmp_path / "b")).router_events
+    a = load_run(_save_dir(trace_path, "llmd", 0, tmp_path / "a")).router_events
+    b = load_run(_save_dir(trace_path, "llmd", 1, tmp_path / "b")).router_events
     assert len(a) == len(b) > 0
     assert list(a.request_id) == list(b.request_id)  # one prediction per request either way
     assert not a.predicted_ttft_s.equals(b.predicted_ttft_s)

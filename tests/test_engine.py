@@ -148,7 +148,7 @@ def test_request_longer_than_the_kv_pool_is_rejected_instead_of_livelocking():
 
 def test_workload_sample_and_its_complement_partition_the_trace():
     from conftest import make_config as cfg
-    from lmsim.workload.build import shape_workload
+    from lmsim.study.experiment import shape_workload
 
     trace = make_trace([float(i) for i in range(100)], [10] * 100, [2] * 100)
     part = shape_workload(trace, cfg(workload={"trace": "x", "sample": {"fraction": 1 / 3, "seed": 4}}))

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from lmsim import capacity
-from lmsim.results import is_complete
-from lmsim.sweep import SweepPoint, load_sweep, run_point
+from lmsim.study import capacity
+from lmsim.study.execute import run_point
+from lmsim.study.expand import SweepPoint, load_sweep
+from lmsim.study.rundir import is_complete
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 YAMLS = sorted(EXPERIMENTS.rglob("*.yaml"))

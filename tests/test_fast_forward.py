@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_config
-from lmsim.instance import Instance
+from lmsim.engine.instance import Instance
+from lmsim.engine.simulation import Simulation
 from lmsim.policies import POLICIES
-from lmsim.results import _to_arrow
-from lmsim.simulation import Simulation
+from lmsim.study.rundir import requests_table
 from lmsim.workload.generators import generate
 from lmsim.workload.scaling import scale_to_rate
 
@@ -49,7 +49,7 @@ def _requests_bytes(trace, policy: str, fast_forward: bool) -> bytes:
     )
     results = Simulation(config, trace).run()
     buffer = io.BytesIO()
-    pq.write_table(_to_arrow(results.requests), buffer)
+    pq.write_table(requests_table(results.requests), buffer)
     return buffer.getvalue()
 
 
@@ -104,7 +104,7 @@ def test_equivalence_check_catches_one_shifted_boundary(monkeypatch):
                 t = t + d
                 times.append(t)
             self._times = times
-            from lmsim.clock import STEP_END, schedule_at
+            from lmsim.engine.clock import STEP_END, schedule_at
 
             self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from test_sweep import run_cli, tiny_experiment, write_experiment
 
-from lmsim.figures import PlotError, SweepData, make_figures, supported_kinds
-from lmsim.sweep import run_sweep
+from lmsim.study.execute import run_sweep
+from lmsim.viz.figures import PlotError, SweepData, make_figures, supported_kinds
 
 
 @pytest.fixture(scope="module")

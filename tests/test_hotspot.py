@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from conftest import make_config
-from lmsim.simulation import Simulation
+from lmsim.engine.simulation import Simulation
 from lmsim.workload.generators import generate
 
 POLICY = {

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 from test_sweep import comparable, tiny_experiment, write_experiment
 
-from lmsim.sweep import read_index, run_sweep
+from lmsim.study.execute import run_sweep
+from lmsim.study.index import read_index
 
 N = 8
 

@@ -18,12 +18,12 @@ import pytest
 from conftest import LINEAR, make_config, make_trace
 from lmsim.cli import main
 from lmsim.config import SimulationConfig
+from lmsim.engine.invariants import check_end
+from lmsim.engine.metrics import FINISHED
+from lmsim.engine.scheduler import InstanceScheduler
+from lmsim.engine.simulation import Simulation
 from lmsim.errors import InvariantError
-from lmsim.invariants import check_end
-from lmsim.metrics import FINISHED
 from lmsim.profile.base import LinearCostModel
-from lmsim.scheduler import InstanceScheduler
-from lmsim.simulation import Simulation
 
 HASHED = make_trace([0.0], [100], [10], [[1, 2, 3, 4, 5, 6]])
 
@@ -266,7 +266,7 @@ def test_ttft_below_the_idle_prefill_time_is_reported():
 def test_the_idle_prefill_floor_counts_chunks_and_cached_tokens():
     # budget 64: 100 uncached tokens take two steps, (10 + 64) + (10 + 36) = 120 ms;
     # with per_context_token_s the second chunk also pays for its 64 tokens of context.
-    from lmsim.invariants import idle_prefill_time
+    from lmsim.engine.invariants import idle_prefill_time
 
     sim = build(HASHED, cluster={"max_num_batched_tokens": 64})
     assert idle_prefill_time(sim, 100, 0) == pytest.approx(0.120)

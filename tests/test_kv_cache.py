@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmsim.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
 
 
 def test_allocation_takes_never_used_blocks_before_evicting_cached_ones():

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import make_trace, simulate
+from lmsim.study.rundir import save_run
 
 ALONE_S = 0.110 + 9 * 0.0101  # one 100-token, 10-output request on an idle instance
 
@@ -85,7 +86,7 @@ def test_rejected_and_unfinished_are_reported_separately_in_summary_json(tmp_pat
         cluster={"max_num_seqs": 1, "max_waiting": 3},
         simulation={"drain_limit_s": 0.5},
     )
-    r.save(tmp_path / "run", figure=False)
+    save_run(r, tmp_path / "run", figure=False)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {k: summary[k] for k in ("num_requests", "num_finished", "num_unfinished", "num_rejected")} == {
         "num_requests": 6,

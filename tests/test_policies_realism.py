@@ -8,8 +8,8 @@ import re
 import pytest
 
 from fakes import FakeContext, FakeInstance, cluster_of, make_request
+from lmsim.engine.views import ViewAdapter
 from lmsim.policies.predictive import estimate_ttft
-from lmsim.policies.views import ViewAdapter
 from lmsim.profile import LinearCostModel
 
 LIN = LinearCostModel(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
+from lmsim.cli.profile import cmd_fit, cmd_generate, cmd_plot, cmd_show
 from lmsim.errors import ProfileError
 from lmsim.profile.analytic import decode_step_seconds, prefill_seconds
-from lmsim.profile.commands import cmd_fit, cmd_generate, cmd_plot, cmd_show
 from lmsim.profile.fit import COLUMNS, read_measurements
 from lmsim.profile.tables import load_table_profile, read_profile, write_profile
 
@@ -140,7 +140,7 @@ def test_plot_writes_png(tmp_path):
 
 
 def test_register_cli_wires_subcommands():
-    from lmsim.profile.commands import register_cli
+    from lmsim.cli.profile import register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers(dest="command"))

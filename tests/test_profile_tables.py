@@ -153,7 +153,7 @@ def test_unknown_profile_name():
 
 
 def test_unknown_gpu_or_model_in_generate(tmp_path):
-    from lmsim.profile.commands import generate_one
+    from lmsim.cli.profile import generate_one
 
     with pytest.raises(ProfileError, match="unknown GPU 'a100'"):
         generate_one("a100/qwen2-7b", tmp_path)

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import LINEAR, make_config, make_trace
+from lmsim.engine.simulation import Simulation
 from lmsim.policies import POLICIES
-from lmsim.simulation import Simulation
 
 POLICY_NAMES = POLICIES.names()
 BS = 16  # engine and trace block size
@@ -276,7 +276,7 @@ def test_found_by_hypothesis_a_busy_engine_can_prefill_faster_than_an_idle_one_o
     # chunked 15 + 2 instead of the idle engine's 16 + 1; the interpolated tables price
     # that split lower. A property of the cost model, not an engine bug, so the floor is
     # checked only on the additive linear profile.
-    from lmsim.invariants import idle_prefill_time
+    from lmsim.engine.invariants import idle_prefill_time
 
     sc = Scenario("aibrix", 1, 4, 16, 2, 0, False, [1], profile="tiny_tables")
     sc.rows = [Row(0, 1, 4, 0, False), Row(40, 17, 1, 0, False)]

@@ -7,7 +7,7 @@ from pathlib import Path
 from test_figures import tiny_sweep  # noqa: F401  (the module-scoped fixture)
 
 from lmsim.cli import main
-from lmsim.figures import SweepData, supported_kinds
+from lmsim.viz.figures import SweepData, supported_kinds
 
 
 def test_report_embeds_figures_tables_and_configs(tiny_sweep: Path, tmp_path: Path, capsys) -> None:  # noqa: F811

@@ -18,14 +18,9 @@ import pytest
 import yaml
 
 from lmsim.errors import LmsimError
-from lmsim.sweep import (
-    WALL_CLOCK_COLUMNS,
-    SweepError,
-    expand_sweep,
-    point_name,
-    read_index,
-    run_sweep,
-)
+from lmsim.study.execute import run_sweep
+from lmsim.study.expand import SweepError, expand_sweep, point_name
+from lmsim.study.index import WALL_CLOCK_COLUMNS, read_index
 
 LINEAR_PROFILE = {
     "kind": "linear",

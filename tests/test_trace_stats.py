@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmsim.workload.commands import cmd_stats, register_cli
+from lmsim.cli.trace import cmd_stats, register_cli
 from lmsim.workload.formats import load_trace
 from lmsim.workload.stats import format_stats, trace_stats
 from lmsim.workload.trace import Trace

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lmsim.cli.trace import register_cli
 from lmsim.errors import ConfigError
-from lmsim.workload.commands import register_cli
 from lmsim.workload.generators import GENERATORS, generate
 from lmsim.workload.generators.base import split_lognormal_sigmas
 from lmsim.workload.stats import trace_stats

@@ -1,11 +1,12 @@
 """Routing policies, one module per family, registered by name in `POLICIES`.
 
 Importing this package imports every built-in family so the registry is complete.
-`views.ViewAdapter` models what the router knows (exact, approximate or delayed KV state;
-exact or scraped load) and is applied by the router in front of any policy.
+What the router knows (exact, approximate or delayed KV state; exact or scraped load) is
+modelled by the engine (`lmsim.engine.views`) in front of any policy: policies only read
+the views they are given.
 """
 
-from . import (  # noqa: F401  (registration side effects)
+from lmsim.policies import (  # noqa: F401  (registration side effects)
     cache_aware,
     filter,
     jsq,
@@ -16,7 +17,6 @@ from . import (  # noqa: F401  (registration side effects)
     predictive,
     simple,
 )
-from .base import POLICIES, ClusterView, InstanceView, Policy, RouterContext
-from .views import ViewAdapter
+from lmsim.policies.base import POLICIES, ClusterView, InstanceView, Policy, RouterContext
 
-__all__ = ["POLICIES", "ClusterView", "InstanceView", "Policy", "RouterContext", "ViewAdapter"]
+__all__ = ["POLICIES", "ClusterView", "InstanceView", "Policy", "RouterContext"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..request import Request
-from .base import argmin_first, argmin_random
+from lmsim.engine.request import Request
+from lmsim.policies.base import argmin_first, argmin_random
 
 
 def check_number(

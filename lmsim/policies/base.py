@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..registry import Registry
-from ..request import Request
+from lmsim.engine.request import Request
+from lmsim.registry import Registry
 
 
 class InstanceView(Protocol):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..request import Request
-from ._common import InflightCounter, check_choice, check_number, pick_min
-from .base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
+from lmsim.engine.request import Request
+from lmsim.policies._common import InflightCounter, check_choice, check_number, pick_min
+from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
 
 
 @POLICIES.register("sglang")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from ..request import Request
-from ._common import InflightCounter, check_number
-from .base import POLICIES, ClusterView, Policy
+from lmsim.engine.request import Request
+from lmsim.policies._common import InflightCounter, check_number
+from lmsim.policies.base import POLICIES, ClusterView, Policy
 
 
 @POLICIES.register("aibrix")

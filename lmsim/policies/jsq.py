@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..request import Request
-from ._common import argmin_rotating, check_number
-from .base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
+from lmsim.engine.request import Request
+from lmsim.policies._common import argmin_rotating, check_number
+from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
 
 
 @POLICIES.register("vllm")

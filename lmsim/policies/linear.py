@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from ..request import Request
-from ._common import check_bool, check_choice, check_number, pick_min
-from .base import POLICIES, ClusterView, Policy, argmin_random
+from lmsim.engine.request import Request
+from lmsim.policies._common import check_bool, check_choice, check_number, pick_min
+from lmsim.policies.base import POLICIES, ClusterView, Policy, argmin_random
 
 
 @POLICIES.register("bailian")

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..request import Request
-from ._common import (
+from lmsim.engine.request import Request
+from lmsim.policies._common import (
     InflightCounter,
     capped_blocks,
     check_bool,
@@ -18,7 +18,7 @@ from ._common import (
     check_number,
     pick_min,
 )
-from .base import POLICIES, ClusterView, Policy
+from lmsim.policies.base import POLICIES, ClusterView, Policy
 
 
 def lmetric_pick(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..request import Request
-from ._common import check_number, estimator_cost_model, pick_min
-from .base import POLICIES, ClusterView, Policy, RouterContext
-from .predictive import estimate_ttft
+from lmsim.engine.request import Request
+from lmsim.policies._common import check_number, estimator_cost_model, pick_min
+from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
+from lmsim.policies.predictive import estimate_ttft
 
 DEFAULT_SLO_CLASSES: tuple[dict[str, float], ...] = ({"ttft_s": 2.0, "tpot_s": 0.1},)
 

@@ -6,9 +6,9 @@ import statistics
 from collections import deque
 from typing import Any
 
-from ..request import Request
-from ._common import check_bool, check_number, estimator_cost_model
-from .base import POLICIES, ClusterView, Policy, RouterContext
+from lmsim.engine.request import Request
+from lmsim.policies._common import check_bool, check_number, estimator_cost_model
+from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
 class _Node:

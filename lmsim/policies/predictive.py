@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from ..request import Request
-from ._common import check_bool, check_number, estimator_cost_model, pick_min
-from .base import POLICIES, ClusterView, Policy, RouterContext
+from lmsim.engine.request import Request
+from lmsim.policies._common import check_bool, check_number, estimator_cost_model, pick_min
+from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
 class QueueState(Protocol):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..request import Request
-from .base import POLICIES, ClusterView, Policy, argmin_first
+from lmsim.engine.request import Request
+from lmsim.policies.base import POLICIES, ClusterView, Policy, argmin_first
 
 
 @POLICIES.register("round_robin")

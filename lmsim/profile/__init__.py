@@ -2,19 +2,17 @@
 
 `load_cost_model(spec)` turns the experiment's `cluster.profile` into a `StepCostModel`.
 A spec is either a mapping `{kind: linear, ...}` (hand-checkable, for tests) or the name of
-a profile under the repository's `profiles/` folder (for example `h20/qwen3-30b-a3b`), or a
+a profile shipped with lmsim (`lmsim/data/profiles/`, linked as `profiles/`) (for example `h20/qwen3-30b-a3b`), or a
 path to one.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from ..errors import ProfileError
-from .base import LinearCostModel, StepCostModel
-
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+from lmsim.data import PROFILES_DIR
+from lmsim.errors import ProfileError
+from lmsim.profile.base import LinearCostModel, StepCostModel
 
 __all__ = ["PROFILES_DIR", "LinearCostModel", "StepCostModel", "load_cost_model"]
 
@@ -29,6 +27,8 @@ def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
             return LinearCostModel(**fields)
         except TypeError as exc:
             raise ProfileError(f"cluster.profile: {exc}") from None
-    from .tables import load_table_profile  # the table-driven predictor (profiles issue)
+    from lmsim.profile.tables import (
+        load_table_profile,  # the table-driven predictor (profiles issue)
+    )
 
     return load_table_profile(spec)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import ProfileError
+from lmsim.errors import ProfileError
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -478,7 +478,7 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None):
     """The analytic model sampled on the standard grids, as an in-memory profile."""
     import datetime
 
-    from .tables import ProfileData
+    from lmsim.profile.tables import ProfileData
 
     g = {k: f() for k, f in GRIDS.items()}
     qq, cc = np.meshgrid(g["chunk_tokens"], g["cached_context"], indexing="ij")

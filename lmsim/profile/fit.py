@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ProfileError
-from .tables import ProfileData, TableCostModel, interp1, interp2
+from lmsim.errors import ProfileError
+from lmsim.profile.tables import ProfileData, TableCostModel, interp1, interp2
 
 COLUMNS = ("prefill_tokens", "cached_context", "decode_count", "decode_context", "step_s")
 COMPONENTS = ("fixed", "tokens", "seqs", "prefill_attention", "decode_attention")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .analytic import decode_step_seconds, prefill_seconds
+from lmsim.profile.analytic import decode_step_seconds, prefill_seconds
 
 
 def plot_profile(model, out: Path, *, budget: int = 8192) -> Path:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..errors import ProfileError
+from lmsim.errors import ProfileError
 
 FORMAT = "lmsim-profile/1"
 GIB = float(1 << 30)
@@ -275,7 +275,7 @@ class TableCostModel:
 
 # -- reading ------------------------------------------------------------------------------
 def _known_profiles() -> list[str]:
-    from . import PROFILES_DIR
+    from lmsim.data import PROFILES_DIR
 
     return sorted(
         str(p.parent.relative_to(PROFILES_DIR)) for p in PROFILES_DIR.glob("*/*/profile.yaml")
@@ -283,7 +283,7 @@ def _known_profiles() -> list[str]:
 
 
 def _display(path: Path) -> str:
-    from . import PROFILES_DIR
+    from lmsim.data import PROFILES_DIR
 
     try:
         return str(path.resolve().relative_to(PROFILES_DIR.parent))
@@ -293,7 +293,7 @@ def _display(path: Path) -> str:
 
 def resolve_profile(name_or_path: str | Path) -> Path:
     """Path of a profile's `profile.yaml`: an existing file or folder, else a name under profiles/."""
-    from . import PROFILES_DIR
+    from lmsim.data import PROFILES_DIR
 
     p = Path(name_or_path)
     if p.is_dir():

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceError
-from ..registry import Registry
-from .trace import Trace, read_parquet
+from lmsim.errors import TraceError
+from lmsim.registry import Registry
+from lmsim.workload.trace import Trace, read_parquet
 
 FORMATS: Registry[Any] = Registry("trace format")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
-from .trace import Trace
+from lmsim.errors import ConfigError
+from lmsim.workload.trace import Trace
 
 
 def time_scale(trace: Trace, factor: float) -> Trace:

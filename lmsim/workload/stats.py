@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .trace import Trace
+from lmsim.workload.trace import Trace
 
 DEPTHS = (1, 2, 8, 16)
 

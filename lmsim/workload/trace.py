@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import TraceError
+from lmsim.errors import TraceError
 
 OPTIONAL_INT_COLUMNS = ("session_id", "parent_id", "class_id", "slo_class", "after_id")
 

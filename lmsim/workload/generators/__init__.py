@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Trace
-from . import agent, chat, coder  # noqa: F401  (registration side effects)
-from .registry import GENERATORS
+from lmsim.workload.generators import agent, chat, coder  # noqa: F401  (registration side effects)
+from lmsim.workload.generators.registry import GENERATORS
+from lmsim.workload.trace import Trace
 
 __all__ = ["GENERATORS", "generate"]
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
-from .base import (
+from lmsim.workload.generators.base import (
     Plan,
     build_trace,
     horizon,
@@ -21,7 +20,8 @@ from .base import (
     stratified_lognormal,
     zipf_weights,
 )
-from .registry import GENERATORS
+from lmsim.workload.generators.registry import GENERATORS
+from lmsim.workload.trace import Trace
 
 
 def _template_plan(

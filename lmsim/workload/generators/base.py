@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import ConfigError
-from ..trace import Trace
+from lmsim.errors import ConfigError
+from lmsim.workload.trace import Trace
 
 _NORMAL = statistics.NormalDist()
 _BIG = np.int64(1) << np.int64(40)  # key stride per chain; no request has 2^40 blocks

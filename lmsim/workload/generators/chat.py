@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ConfigError
-from ..trace import Trace
-from .base import (
+from lmsim.errors import ConfigError
+from lmsim.workload.generators.base import (
     Plan,
     build_trace,
     horizon,
@@ -22,7 +21,8 @@ from .base import (
     stratified_lognormal,
     zipf_weights,
 )
-from .registry import GENERATORS
+from lmsim.workload.generators.registry import GENERATORS
+from lmsim.workload.trace import Trace
 
 
 def _session_cumsum(x: np.ndarray, first: np.ndarray) -> np.ndarray:

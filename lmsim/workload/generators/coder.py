@@ -16,10 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
-from .base import Z90, Plan, build_trace, horizon, poisson_times, zipf_weights
-from .chat import _session_cumsum
-from .registry import GENERATORS
+from lmsim.workload.generators.base import (
+    Z90,
+    Plan,
+    build_trace,
+    horizon,
+    poisson_times,
+    zipf_weights,
+)
+from lmsim.workload.generators.chat import _session_cumsum
+from lmsim.workload.generators.registry import GENERATORS
+from lmsim.workload.trace import Trace
 
 # WEKA tools+system prefix per session, p10 / p50 / p90 tokens (§3.5)
 _SYS_QUANTILES = ((0.1, 11898.0), (0.5, 14948.0), (0.9, 15930.0))

@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...registry import Registry
+from lmsim.registry import Registry
 
 GENERATORS: Registry[Any] = Registry("trace generator")

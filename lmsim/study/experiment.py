@@ -7,20 +7,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ExperimentConfig
-from ..errors import ConfigError, TraceError
-from .trace import Trace, read_parquet
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from lmsim.config import ExperimentConfig
+from lmsim.data import DATA_DIR
+from lmsim.errors import ConfigError, TraceError
+from lmsim.workload.trace import Trace, read_parquet
 
 
 def resolve_path(path: str, experiment_dir: Path | None) -> Path:
     """A relative path is looked up in the working directory, then beside the experiment
-    file, then in the repository (so bundled experiments run from anywhere)."""
+    file, then among the bundled data (so bundled experiments run from anywhere)."""
     candidate = Path(path)
     if candidate.is_absolute() or candidate.exists():
         return candidate
-    for base in (experiment_dir, REPO_ROOT):
+    for base in (experiment_dir, DATA_DIR):
         if base is not None and (base / candidate).exists():
             return base / candidate
     return candidate
@@ -29,7 +28,7 @@ def resolve_path(path: str, experiment_dir: Path | None) -> Path:
 def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
     w = config.workload
     if w.generator is not None:
-        from .generators import generate
+        from lmsim.workload.generators import generate
 
         trace = generate(w.generator.name, dict(w.generator.params), seed=config.seed)
     else:
@@ -39,7 +38,7 @@ def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = 
             trace = read_parquet(path)
         else:
             try:
-                from .formats import load_trace
+                from lmsim.workload.formats import load_trace
             except ImportError:
                 raise TraceError(f"{path}: raw trace formats are not available") from None
             trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
@@ -49,7 +48,7 @@ def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = 
 def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
     w = config.workload
     if w.start_s is not None or w.end_s is not None:
-        from .scaling import window
+        from lmsim.workload.scaling import window
 
         trace = window(trace, w.start_s or 0.0, w.end_s if w.end_s is not None else float("inf"))
     if w.sample is not None:
@@ -65,16 +64,16 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
     if len(trace) == 0:
         raise ConfigError("workload: no requests left after the window/limit")
     if w.time_scale is not None:
-        from .scaling import time_scale
+        from lmsim.workload.scaling import time_scale
 
         trace = time_scale(trace, w.time_scale)
     elif w.rate is not None:
-        from .scaling import scale_to_rate
+        from lmsim.workload.scaling import scale_to_rate
 
         trace = scale_to_rate(trace, w.rate)
     elif w.load is not None:
-        from ..capacity import find_capacity
-        from .scaling import mean_rate, time_scale
+        from lmsim.study.capacity import find_capacity
+        from lmsim.workload.scaling import mean_rate, time_scale
 
         # Capacity belongs to the workload and cluster, not to a prefix cut for a quick run:
         # it is measured before `limit` (see capacity_trace), and the prefix is stretched by

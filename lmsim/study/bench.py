@@ -14,18 +14,15 @@ Workloads (16 Qwen3-30B-A3B instances on H20, load 0.5 of measured capacity):
 from __future__ import annotations
 
 import cProfile
-import json
 import multiprocessing as mp
 import os
 import pstats
 import resource
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .config import validate
+from lmsim.config import validate
 
 
 @dataclass(frozen=True)
@@ -92,8 +89,8 @@ def _config(w: Workload, load: float):
 
 def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
     """Run one workload in this process; returns its row of the table."""
-    from .simulation import Simulation
-    from .workload.build import load_workload_trace
+    from lmsim.engine.simulation import Simulation
+    from lmsim.study.experiment import load_workload_trace
 
     config = _config(w, 0.5)
     trace = load_workload_trace(config)  # generation and capacity search are not timed
@@ -165,28 +162,3 @@ def format_row(row: dict[str, Any]) -> str:
         parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in row["profile"].items())
         line += f"\n{'':22}time: {parts}"
     return line
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench", help="measure simulator speed and memory on fixed workloads")
-    p.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes in all)")
-    p.add_argument("--profile", action="store_true", help="add a cProfile breakdown per workload")
-    p.add_argument("--json", dest="json_path", help="write the table as JSON records")
-    p.add_argument("--only", help="run one workload or policy (e.g. chatbot/lmetric)")
-    p.set_defaults(func=cmd_bench)
-
-
-def cmd_bench(args: Any) -> int:
-    print("lmsim bench: 16 x Qwen3-30B-A3B/H20, load 0.5; one child process per workload")
-    print(HEADER, flush=True)
-    rows = run_bench(args.quick, args.profile, args.only)
-    if args.json_path:
-        path = Path(args.json_path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(rows, indent=2) + "\n")
-        os.replace(tmp, path)
-    return 1 if any("error" in r for r in rows) else 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cmd_bench(None))

@@ -30,9 +30,10 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .errors import LmsimError
-from .results import COMPLETE_MARKER, is_complete
-from .sweep import INDEX_FILE, RATE_KEYS, format_value, read_index
+from lmsim.errors import LmsimError
+from lmsim.study.expand import format_value
+from lmsim.study.index import INDEX_FILE, RATE_KEYS, read_index
+from lmsim.study.rundir import COMPLETE_MARKER, is_complete
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot")
 FORMATS = ("png", "svg", "pdf")
@@ -424,24 +425,3 @@ def make_figures(
             written.append(path)
         plt.close(fig)
     return written
-
-
-def cmd_plot(args: Any) -> int:
-    formats = tuple(x.strip() for f in args.format for x in f.split(",") if x.strip()) or ("png",)
-    kinds = [x.strip() for k in args.kind for x in k.split(",") if x.strip()] if args.kind else None
-    for path in make_figures(args.dir, kinds, formats=formats, out=args.out, param=args.param):
-        print(path)
-    return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("plot", help="draw figures from a saved sweep or run directory")
-    p.add_argument("dir", help="sweep directory (with sweep.parquet) or run directory")
-    p.add_argument("--kind", action="append", default=[], metavar="K",
-                   help=f"figure kind, repeatable or comma-separated: {', '.join(KINDS)} "
-                        "(default: every kind the results support)")  # fmt: skip
-    p.add_argument("--format", action="append", default=[], metavar="FMT",
-                   help="png (default), svg or pdf; repeatable or comma-separated")
-    p.add_argument("--param", help="swept key for --kind param (default: the first numeric one)")
-    p.add_argument("--out", help="figure directory (default: DIR/figures)")
-    p.set_defaults(func=cmd_plot)

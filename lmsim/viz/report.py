@@ -10,11 +10,10 @@ import html
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from .errors import LmsimError
-from .figures import SweepData, make_figures, supported_kinds
-from .sweep import INDEX_FILE, SPEC_FILE, WALL_CLOCK_COLUMNS
+from lmsim.errors import LmsimError
+from lmsim.study.index import INDEX_FILE, SPEC_FILE, WALL_CLOCK_COLUMNS
+from lmsim.viz.figures import SweepData, make_figures, supported_kinds
 
 REPORT_FILE = "report.html"
 TABLE_COLUMNS = ("policy", "num_finished", "num_unfinished", "num_rejected", "offered_rate_per_s",
@@ -86,16 +85,3 @@ def write_report(root: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
-
-
-def cmd_report(args: Any) -> int:
-    print(write_report(args.dir, args.out))
-    return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("report", help="write one self-contained report.html from saved results")
-    p.add_argument("dir", help="a sweep directory, or a directory of sweep directories")
-    p.add_argument("--out", help="output file (default: DIR/report.html)")
-    p.set_defaults(func=cmd_report)
-

@@ -1,33 +1,19 @@
-"""A finished run's tables and summary, and their run directory on disk.
+"""A finished run's tables and summary, in memory.
 
-A run directory holds `requests.parquet`, `instances.parquet`, `router_events.parquet`,
-`summary.json`, the resolved `config.yaml` and, optionally, `cdf.png`. It is written to a
-temporary sibling directory and renamed into place, so a reader never sees a half-written
-run, and an existing run is replaced only once the new one is complete.
+`Results` is what the engine hands back; writing it to a run directory (and reading one
+back) is the study layer's job (`lmsim.study.rundir`), so the engine never touches disk.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
 
-from .metrics import FINISHED, REJECTED, STATUS_NAMES, UNFINISHED
+from lmsim.engine.metrics import FINISHED, REJECTED, STATUS_NAMES, UNFINISHED
 
-if TYPE_CHECKING:
-    from .simulation import Simulation
-
-COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is complete
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 
 
@@ -40,7 +26,7 @@ class Results:
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_simulation(cls, sim: Simulation, wall_time_s: float) -> Results:
+    def from_simulation(cls, sim: Any, wall_time_s: float) -> Results:
         rec = sim.recorder
         trace = sim.trace
         events = pd.DataFrame(sim.router_events)
@@ -110,51 +96,6 @@ class Results:
         )
         return cls(requests, instances, events, summary, sim.config.to_dict())
 
-    # -- disk ----------------------------------------------------------------------------
-
-    def save(self, run_dir: str | os.PathLike[str], *, figure: bool = True) -> Path:
-        run_dir = Path(run_dir)
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir.with_name(f".{run_dir.name}.tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        pq.write_table(_to_arrow(self.requests), tmp / "requests.parquet")
-        pq.write_table(pa.Table.from_pandas(self.instances, preserve_index=False), tmp / "instances.parquet")
-        pq.write_table(
-            pa.Table.from_pandas(_flatten_events(self.router_events), preserve_index=False),
-            tmp / "router_events.parquet",
-        )
-        (tmp / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
-        if figure:
-            from .plots import plot_run_cdf
-
-            plot_run_cdf(self.requests, tmp / "cdf.png", title=self.config.get("name", ""))
-        (tmp / COMPLETE_MARKER).write_text(json.dumps(_jsonable(self.summary), indent=2) + "\n")
-        if run_dir.exists():
-            old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
-            os.replace(run_dir, old)
-            os.replace(tmp, run_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, run_dir)
-        return run_dir
-
-    @classmethod
-    def load(cls, run_dir: str | os.PathLike[str]) -> Results:
-        run_dir = Path(run_dir)
-        requests = pq.read_table(run_dir / "requests.parquet").to_pandas()
-        instances = pq.read_table(run_dir / "instances.parquet").to_pandas()
-        events_path = run_dir / "router_events.parquet"
-        events = pq.read_table(events_path).to_pandas() if events_path.exists() else pd.DataFrame()
-        summary = json.loads((run_dir / COMPLETE_MARKER).read_text())
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        return cls(requests, instances, events, summary, config)
-
-
-def is_complete(run_dir: str | os.PathLike[str]) -> bool:
-    return (Path(run_dir) / COMPLETE_MARKER).exists()
-
 
 def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
     finished = requests[status == FINISHED]
@@ -183,42 +124,3 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
     cached_total = requests["cached_tokens"].to_numpy()[admitted].sum()
     summary["prefix_hit_ratio"] = float(cached_total / input_total) if input_total else 0.0
     return summary
-
-
-def _to_arrow(requests: pd.DataFrame) -> pa.Table:
-    """NaN timestamps and -1 ids become nulls: "never happened" is not a number."""
-    columns = {}
-    for name in requests.columns:
-        col = requests[name]
-        if name == "status":
-            columns[name] = pa.array(col.astype(str).to_numpy(), type=pa.string())
-        elif col.dtype.kind == "f":
-            values = col.to_numpy()
-            columns[name] = pa.array(values, mask=np.isnan(values), type=pa.float64())
-        elif name in ("instance_id", "cached_tokens", "session_id", "class_id"):
-            values = col.to_numpy()
-            columns[name] = pa.array(values, mask=values < 0, type=pa.int64())
-        else:
-            columns[name] = pa.array(col.to_numpy())
-    return pa.table(columns)
-
-
-def _flatten_events(events: pd.DataFrame) -> pd.DataFrame:
-    if not len(events):
-        return pd.DataFrame({"time_s": pd.Series([], dtype=float), "kind": pd.Series([], dtype=str)})
-    out = events.copy()
-    for name in out.columns:
-        if out[name].dtype == object and name != "kind":
-            out[name] = out[name].map(lambda v: json.dumps(v) if isinstance(v, (list, dict, tuple)) else v)
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        f = float(value)
-        return None if math.isnan(f) else f
-    return value

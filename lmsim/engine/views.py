@@ -30,10 +30,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..kv_cache import leading_matches
-from ..request import Request
-from ._common import capped_blocks, check_choice, check_number
-from .base import ClusterView, InstanceView, RouterContext
+from lmsim.engine.kv_cache import leading_matches
+from lmsim.engine.request import Request
+from lmsim.policies._common import capped_blocks, check_choice, check_number
+from lmsim.policies.base import ClusterView, InstanceView, RouterContext
 
 _LOAD_FIELDS = (
     "num_running",

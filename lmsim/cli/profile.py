@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import ProfileError
-from . import PROFILES_DIR
-from .analytic import (
+from lmsim.data import PROFILES_DIR
+from lmsim.errors import ProfileError
+from lmsim.profile.analytic import (
     DATA_POINTS,
     SHIPPED,
     AnalyticModel,
@@ -18,7 +18,7 @@ from .analytic import (
     split_name,
     tabulate,
 )
-from .tables import TableCostModel, load_table_profile, write_profile
+from lmsim.profile.tables import TableCostModel, load_table_profile, write_profile
 
 
 def register_cli(subparsers) -> None:
@@ -72,7 +72,7 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
     out_dir = out_root / name
     write_profile(data, out_dir)
     if plot:
-        from .plot import plot_profile
+        from lmsim.profile.plot import plot_profile
 
         plot_profile(table, out_dir / "plot.png")
     return out_dir
@@ -152,8 +152,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plot import plot_profile
-    from .tables import resolve_profile
+    from lmsim.profile.plot import plot_profile
+    from lmsim.profile.tables import resolve_profile
 
     model = load_table_profile(args.name)
     out = args.out or resolve_profile(args.name).parent / "plot.png"
@@ -162,7 +162,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .fit import fit_profile
+    from lmsim.profile.fit import fit_profile
 
     base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"

@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from .config import ExperimentConfig
-from .errors import ConfigError
-from .workload.scaling import mean_rate, scale_to_rate
-from .workload.trace import Trace
+from lmsim.config import ExperimentConfig
+from lmsim.data import BUNDLED_CAPACITIES
+from lmsim.errors import ConfigError
+from lmsim.workload.scaling import mean_rate, scale_to_rate
+from lmsim.workload.trace import Trace
 
 CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
-BUNDLED_PATH = Path(__file__).resolve().parents[1] / "experiments" / "capacity.json"
+BUNDLED_PATH = BUNDLED_CAPACITIES
 CRITERION_VERSION = 4
 
 
@@ -102,8 +103,8 @@ def idle_arrivals(trace: Trace, service: dict[tuple[int, int], float]) -> np.nda
 
 
 def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> tuple[bool, str]:
-    from .profile import load_cost_model
-    from .simulation import Simulation
+    from lmsim.engine.simulation import Simulation
+    from lmsim.profile import load_cost_model
 
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
     cost_model = load_cost_model(config.cluster.profile)
@@ -215,69 +216,3 @@ def find_capacity(
     if use_cache:
         _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
     return lo, probes
-
-
-def bundle_experiments(paths: list[str], log: Any = print) -> int:
-    """Measure, and record in experiments/capacity.json, the capacity every `load:` point of
-    the given experiments (sweeps expanded) will ask for. Returns how many were measured."""
-    from .config import validate
-    from .sweep import load_sweep
-    from .workload.build import capacity_trace
-
-    done: set[str] = set()
-    bundled = _read_cache(BUNDLED_PATH)
-    for path in paths:
-        _raw, points = load_sweep(path)
-        for point in points:
-            config = validate(point.raw, where=f"{path} [{point.name}]")
-            if config.workload.load is None:
-                continue
-            trace = capacity_trace(config, Path(path).resolve().parent)
-            search = CapacitySearch()
-            key = cache_key(trace.head(search.probe_requests), config, search)
-            if key in done:
-                continue
-            done.add(key)
-            if key in bundled:
-                log(f"{path} [{point.name}]: bundled already ({bundled[key]['rate']:.3f} req/s)")
-                continue
-            rate, probes = find_capacity(trace, config, search)
-            _write_cache(key, {"rate": rate, "probes": [p.__dict__ for p in probes]}, BUNDLED_PATH)
-            bundled[key] = {"rate": rate}
-            log(f"{path} [{point.name}]: {rate:.3f} req/s ({len(probes)} probes)")
-    return len(done)
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
-    p.add_argument("experiment", nargs="+", help="experiment YAML(s); several only with --bundle")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
-    p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
-    p.add_argument("--bundle", action="store_true",
-                   help="measure every load point of the experiments (sweeps expanded) and record "
-                        "them in experiments/capacity.json (shipped with lmsim)")
-    p.set_defaults(func=cmd_capacity)
-
-
-def cmd_capacity(args: Any) -> int:
-    from .config import load_experiment
-    from .workload.build import load_workload_trace
-
-    if args.bundle:
-        count = bundle_experiments(args.experiment)
-        print(f"{count} capacities recorded in {BUNDLED_PATH}")
-        return 0
-    if len(args.experiment) > 1:
-        raise ConfigError("capacity: give one experiment, or several with --bundle")
-    args.experiment = args.experiment[0]
-
-    overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null"]
-    config, _ = load_experiment(args.experiment, overrides)
-    trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
-    search = CapacitySearch(probe_requests=args.probe_requests)
-    print(f"{args.experiment}: searching capacity on the first {min(len(trace), search.probe_requests)} requests "
-          f"({config.cluster.num_instances} x {config.cluster.profile})")
-    rate, probes = find_capacity(trace, config, search, use_cache=not args.no_cache, log=print)
-    print(f"capacity: {rate:.3f} req/s ({len(probes)} probes); load 0.5 = {rate / 2:.3f} req/s")
-    return 0

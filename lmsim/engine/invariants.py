@@ -8,19 +8,30 @@ not for speed.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .errors import InvariantError
-from .metrics import STATUS_NAMES, UNFINISHED
-from .profile.base import LinearCostModel
-from .request import Request, RequestState
+from lmsim.engine.metrics import STATUS_NAMES, UNFINISHED
+from lmsim.engine.request import Request, RequestState
+from lmsim.errors import InvariantError
+from lmsim.profile.base import LinearCostModel
 
 if TYPE_CHECKING:
-    from .instance import Instance
-    from .scheduler import StepOutcome, StepPlan
-    from .simulation import Simulation
+    from lmsim.engine.instance import Instance
+    from lmsim.engine.scheduler import StepOutcome, StepPlan
+
+
+class Simulation(Protocol):
+    """What the checks read of a running simulation (the engine's `Simulation`; named here
+    as a protocol so that the simulation can import its checks without a cycle)."""
+
+    config: Any
+    cost_model: Any
+    recorder: Any
+    instances: list[Instance]
+    live: int
+    env: Any
 
 _EPS = 1e-9
 

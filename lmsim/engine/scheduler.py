@@ -35,9 +35,9 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
-from .kv_cache import PrefixCache
-from .profile.base import StepCostModel
-from .request import Request, RequestState
+from lmsim.engine.kv_cache import PrefixCache
+from lmsim.engine.request import Request, RequestState
+from lmsim.profile.base import StepCostModel
 
 
 @dataclass(slots=True)

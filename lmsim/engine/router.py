@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from .instance import Instance
-from .kv_cache import GlobalPrefixIndex
-from .policies.base import Policy
-from .request import Request
+from lmsim.engine.instance import Instance
+from lmsim.engine.kv_cache import GlobalPrefixIndex
+from lmsim.engine.request import Request
+from lmsim.policies.base import Policy
 
 
 class LiveInstanceView:

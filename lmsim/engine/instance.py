@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import simpy
 
-from .clock import STEP_END, WAKE, schedule_at
-from .request import Request
-from .scheduler import InstanceScheduler, StepOutcome, StepPlan
+from lmsim.engine.clock import STEP_END, WAKE, schedule_at
+from lmsim.engine.request import Request
+from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 
 INF = float("inf")
 StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]

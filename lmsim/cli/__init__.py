@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import ConfigError, InvariantError, LmsimError
+from lmsim.errors import ConfigError, InvariantError, LmsimError
 
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -52,10 +52,10 @@ def _about(where: str) -> Iterator[None]:
 def _prepare(args: argparse.Namespace):
     """Load and check everything a run needs, so bad input fails here with the experiment
     file named, before any simulated time passes (shared by `run` and `validate`)."""
-    from .config import load_experiment
-    from .policies import POLICIES
-    from .profile import load_cost_model
-    from .workload.build import load_workload_trace
+    from lmsim.config import load_experiment
+    from lmsim.policies import POLICIES
+    from lmsim.profile import load_cost_model
+    from lmsim.study.experiment import load_workload_trace
 
     where = str(args.experiment)
     config, _raw = load_experiment(args.experiment, args.overrides)
@@ -76,7 +76,7 @@ def _check_router_view(config, where: str) -> None:
     view = dict(config.router.view)
     if not view:
         return
-    from .policies.views import ViewAdapter
+    from lmsim.engine.views import ViewAdapter
 
     allowed = [
         name for name, p in inspect.signature(ViewAdapter.__init__).parameters.items()
@@ -110,13 +110,13 @@ def _check_kv_pool(config, cost_model, where: str) -> None:
 def _check_workload_source(config, where: str) -> None:
     w = config.workload
     if w.generator is not None:
-        from .workload.generators import GENERATORS
+        from lmsim.workload.generators import GENERATORS
 
         GENERATORS.create(
             w.generator.name, dict(w.generator.params), where=f"{where}: workload.generator"
         )
     elif w.format is not None:
-        from .workload.formats import FORMATS
+        from lmsim.workload.formats import FORMATS
 
         FORMATS.get(w.format, where=f"{where}: workload.format")
 
@@ -129,7 +129,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .simulation import Simulation
+    from lmsim.engine.simulation import Simulation
+    from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
     config, trace = _prepare(args)
@@ -139,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sim = Simulation(config, trace)
         results = sim.run()
     try:
-        results.save(out, figure=config.output.figures and not args.no_figure)
+        save_run(results, out, figure=config.output.figures and not args.no_figure)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the run directory ({exc.strerror or exc})") from None
     s = results.summary
@@ -178,7 +179,7 @@ def format_summary(name: str, s: dict) -> str:
 def cmd_policies(args: argparse.Namespace) -> int:
     import inspect
 
-    from .policies import POLICIES
+    from lmsim.policies import POLICIES
 
     for name in POLICIES.names():
         cls = POLICIES.get(name)
@@ -195,13 +196,13 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 # Modules that add subcommands through `register_cli(subparsers)`.
 COMMAND_MODULES = (
-    "lmsim.profile.commands",
-    "lmsim.workload.commands",
-    "lmsim.capacity",
-    "lmsim.sweep",
-    "lmsim.figures",
-    "lmsim.report",
-    "lmsim.bench",
+    "lmsim.cli.profile",
+    "lmsim.cli.trace",
+    "lmsim.cli.capacity",
+    "lmsim.cli.sweep",
+    "lmsim.cli.plot",
+    "lmsim.cli.report",
+    "lmsim.cli.bench",
 )
 
 
@@ -219,10 +220,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _experiment_paths(given: str | list[str]) -> str | list[str]:
+    """A bare name that is not a file names a bundled experiment (`quickstart`,
+    `traces/coder`), so bundled runs work from any directory after `pip install .`."""
+    from lmsim.data import bundled_experiment
+
+    def one(arg: str) -> str:
+        if Path(arg).exists():
+            return arg
+        bundled = bundled_experiment(arg)
+        return str(bundled) if bundled is not None else arg
+
+    return [one(a) for a in given] if isinstance(given, list) else one(given)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "experiment"):
+        args.experiment = _experiment_paths(args.experiment)
     try:
         return int(args.func(args) or 0)
     except LmsimError as exc:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import TraceError
+from lmsim.errors import TraceError
 
 KVListener = Callable[[int, int, bool], None]  # (instance_id, block_hash, stored)
 

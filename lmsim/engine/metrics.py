@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .request import Request
+from lmsim.engine.request import Request
 
 NOT_ARRIVED, UNFINISHED, FINISHED, REJECTED = 0, 1, 2, 3
 STATUS_NAMES = {NOT_ARRIVED: "not_arrived", UNFINISHED: "unfinished", FINISHED: "finished", REJECTED: "rejected"}

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
-from .formats import FORMATS, load_trace
-from .generators import GENERATORS, generate
-from .stats import format_stats, trace_stats
+from lmsim.errors import ConfigError
+from lmsim.workload.formats import FORMATS, load_trace
+from lmsim.workload.generators import GENERATORS, generate
+from lmsim.workload.stats import format_stats, trace_stats
 
 
 def register_cli(subparsers: Any) -> None:

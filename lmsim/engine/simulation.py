@@ -15,19 +15,19 @@ from typing import Any
 import numpy as np
 import simpy
 
-from .clock import ARRIVAL, SAMPLE, schedule_at
-from .config import ExperimentConfig
-from .errors import ConfigError, InvariantError
-from .instance import Instance
-from .kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
-from .metrics import Recorder
-from .policies import POLICIES, Policy
-from .profile import StepCostModel, load_cost_model
-from .request import Request, RequestState
-from .results import Results
-from .router import LiveClusterView, Router
-from .scheduler import InstanceScheduler, StepOutcome, StepPlan
-from .workload.trace import Trace
+from lmsim.config import ExperimentConfig
+from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.instance import Instance
+from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from lmsim.engine.metrics import Recorder
+from lmsim.engine.request import Request, RequestState
+from lmsim.engine.results import Results
+from lmsim.engine.router import LiveClusterView, Router
+from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
+from lmsim.errors import ConfigError, InvariantError
+from lmsim.policies import POLICIES, Policy
+from lmsim.profile import StepCostModel, load_cost_model
+from lmsim.workload.trace import Trace
 
 
 class _Context:
@@ -137,7 +137,7 @@ class Simulation:
         if exact and set(view_cfg) <= {"kv_view", "load_view"}:
             return None
         try:
-            from .policies.views import ViewAdapter
+            from lmsim.engine.views import ViewAdapter
         except ImportError:
             raise ConfigError("router.view: router-state realism is not available") from None
         try:
@@ -303,7 +303,7 @@ class Simulation:
             if request.request_id in self._children:
                 self._release_children(request, now)
         if self.check:
-            from .invariants import check_step
+            from lmsim.engine.invariants import check_step
 
             check_step(self, instance, plan, outcome, now)
 
@@ -323,7 +323,7 @@ class Simulation:
         self.env.run()
         wall = time.perf_counter() - started
         if self.check:
-            from .invariants import check_end
+            from lmsim.engine.invariants import check_end
 
             check_end(self)
         for instance in self.instances:

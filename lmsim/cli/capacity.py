@@ -1,0 +1,45 @@
+"""`lmsim capacity`: the maximum sustainable arrival rate of an experiment's workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmsim.errors import ConfigError
+from lmsim.study.bundle import bundle_experiments
+from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, find_capacity
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
+    p.add_argument("experiment", nargs="+", help="experiment YAML(s); several only with --bundle")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
+    p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
+    p.add_argument("--bundle", action="store_true",
+                   help="measure every load point of the experiments (sweeps expanded) and record "
+                        "them in experiments/capacity.json (shipped with lmsim)")
+    p.set_defaults(func=cmd_capacity)
+
+
+def cmd_capacity(args: Any) -> int:
+    from lmsim.config import load_experiment
+    from lmsim.study.experiment import load_workload_trace
+
+    if args.bundle:
+        count = bundle_experiments(args.experiment)
+        print(f"{count} capacities recorded in {BUNDLED_PATH}")
+        return 0
+    if len(args.experiment) > 1:
+        raise ConfigError("capacity: give one experiment, or several with --bundle")
+    args.experiment = args.experiment[0]
+
+    overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null"]
+    config, _ = load_experiment(args.experiment, overrides)
+    trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+    search = CapacitySearch(probe_requests=args.probe_requests)
+    print(f"{args.experiment}: searching capacity on the first {min(len(trace), search.probe_requests)} requests "
+          f"({config.cluster.num_instances} x {config.cluster.profile})")
+    rate, probes = find_capacity(trace, config, search, use_cache=not args.no_cache, log=print)
+    print(f"capacity: {rate:.3f} req/s ({len(probes)} probes); load 0.5 = {rate / 2:.3f} req/s")
+    return 0

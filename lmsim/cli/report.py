@@ -1,0 +1,20 @@
+"""`lmsim report`: one self-contained HTML page for a sweep or a directory of sweeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmsim.viz.report import write_report
+
+
+def cmd_report(args: Any) -> int:
+    print(write_report(args.dir, args.out))
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser("report", help="write one self-contained report.html from saved results")
+    p.add_argument("dir", help="a sweep directory, or a directory of sweep directories")
+    p.add_argument("--out", help="output file (default: DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+

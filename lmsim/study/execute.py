@@ -1,0 +1,357 @@
+"""Sweep execution: run every incomplete point on a process pool or Dask, resume after an
+interruption, and keep the index current.
+
+`local` is a process pool (in-process for `-j 1`); `dask` is a LocalCluster or a given
+scheduler. A run whose directory is complete and whose saved config equals the one it would
+get is skipped; SIGINT/SIGTERM stop the sweep, discard the runs in flight (their temporary
+directories) and leave finished runs untouched. A sweep directory holds one run directory
+per point, `sweep.parquet`, `sweep.yaml` and, for failed runs, `<name>.error.txt` with the
+traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmsim.config import ExperimentConfig, validate
+from lmsim.study.expand import SweepError, SweepPoint, load_sweep
+from lmsim.study.index import INDEX_FILE, write_index, write_spec
+
+LOCK_FILE = ".sweep.lock"
+CONNECT_TIMEOUT_S = 5.0
+
+
+class SweepInterrupted(BaseException):
+    """Raised in the main thread by the SIGINT/SIGTERM handler installed during a sweep.
+
+    A BaseException so that no `except Exception` inside a run swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# -- one run -----------------------------------------------------------------------------
+
+
+def run_point(task: dict[str, Any]) -> dict[str, Any]:
+    """Run one point and save it; never raises for a failing run (the error is returned), so
+    both executors report failures the same way. Executed in a worker process."""
+    from lmsim.engine.simulation import Simulation
+    from lmsim.study.experiment import load_workload_trace
+    from lmsim.study.rundir import save_run
+
+    started = time.perf_counter()
+    name = task["name"]
+    try:
+        config = validate(task["raw"], where=f"{task['where']} [{name}]")
+        trace = load_workload_trace(config, Path(task["experiment_dir"]))
+        results = Simulation(config, trace).run()
+        save_run(results, Path(task["out"]) / name, figure=config.output.figures)
+    except Exception as exc:
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        return {
+            "name": name,
+            "ok": False,
+            "error": f"{type(exc).__name__}: {message}",
+            "traceback": traceback.format_exc(),
+        }
+    return {"name": name, "ok": True, "wall_s": time.perf_counter() - started}
+
+
+def _saved_config_matches(run_dir: Path, raw: dict[str, Any]) -> bool:
+    """True when the complete run at run_dir was made from this point's config (`output`
+    aside: where figures go does not change results)."""
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    if not isinstance(saved, dict):
+        return False
+    try:
+        wanted = ExperimentConfig.model_validate(raw).to_dict()
+    except Exception:
+        return False
+    saved.pop("output", None)
+    wanted.pop("output", None)
+    return saved == wanted
+
+
+def _discard_partials(out: Path, names: list[str]) -> int:
+    """Remove the temporary and replaced-old directories `Results.save` leaves behind when
+    its process dies mid-write; only for this sweep's points."""
+    removed = 0
+    if not out.exists():
+        return 0
+    wanted = set(names)
+    for entry in out.iterdir():
+        m = re.fullmatch(r"\.(.+)\.(tmp|old)-\d+", entry.name)
+        if m and m.group(1) in wanted and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    for tmp in out.glob(f".{INDEX_FILE}.tmp-*"):
+        tmp.unlink(missing_ok=True)
+    return removed
+
+
+# -- execution ---------------------------------------------------------------------------
+
+
+@dataclass
+class SweepOutcome:
+    out: Path
+    points: list[SweepPoint]
+    skipped: list[str] = field(default_factory=list)  # complete before this invocation
+    executed: list[str] = field(default_factory=list)  # ran to completion now
+    failed: dict[str, str] = field(default_factory=dict)  # name -> one-line error
+    stale: list[str] = field(default_factory=list)  # complete but made from another config
+    interrupted: int | None = None  # signal number that stopped the sweep
+    index: Path | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        return 1 if self.failed else 0
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `SweepInterrupted` in the main thread while a sweep runs;
+    a second signal during cleanup is ignored so cleanup finishes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SweepInterrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _worker_init() -> None:
+    # A terminal's Ctrl-C reaches the whole process group; the parent decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _lock(out: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform; concurrent sweeps unguarded
+        yield
+        return
+    with open(out / LOCK_FILE, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SweepError(f"{out}: another sweep is writing to this directory") from None
+        yield
+
+
+def _run_inline(tasks: list[dict[str, Any]], report: Callable[[dict[str, Any]], None]) -> None:
+    for task in tasks:
+        report(run_point(task))
+
+
+def _run_pool(tasks: list[dict[str, Any]], jobs: int, report: Callable[[dict[str, Any]], None]) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    # fork: workers inherit the imported package (no re-import per worker); the initializer
+    # resets the signal handlers the parent installed.
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    executor = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init)
+    futures = {}
+    try:
+        futures = {executor.submit(run_point, t): t["name"] for t in tasks}
+        for fut in as_completed(futures):
+            try:
+                result = fut.result()
+            except BrokenProcessPool as exc:
+                result = {"name": futures[fut], "ok": False, "error": f"worker died: {exc}", "traceback": ""}
+            report(result)
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        # Runs in flight are abandoned: kill their workers now rather than wait for them.
+        # (ProcessPoolExecutor has no public way to do this.)
+        for proc in list(getattr(executor, "_processes", {}).values()):
+            proc.terminate()
+        for proc in list(getattr(executor, "_processes", {}).values()):
+            proc.join(timeout=10)
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    executor.shutdown(wait=True)
+
+
+def _dask_client(jobs: int, scheduler: str | None):
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise SweepError("--executor dask needs dask[distributed] (pip install 'lmsim[dask]')") from None
+    import logging
+
+    if scheduler:
+        try:
+            return Client(scheduler, timeout=f"{CONNECT_TIMEOUT_S}s"), None
+        except (OSError, TimeoutError, ValueError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise SweepError(f"cannot reach the Dask scheduler at {scheduler}: {reason}") from None
+    cluster = LocalCluster(
+        n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )  # fmt: skip
+    return Client(cluster), cluster
+
+
+def _run_dask(client: Any, tasks: list[dict[str, Any]], report: Callable[[dict[str, Any]], None]) -> None:
+    from distributed import as_completed
+
+    token = secrets.token_hex(6)  # unique task keys on a shared scheduler
+    futures = [
+        client.submit(run_point, t, key=f"lmsim-{token}-{i}", pure=False, retries=0)
+        for i, t in enumerate(tasks)
+    ]
+    try:
+        for fut in as_completed(futures):
+            try:
+                result = fut.result()
+            except Exception as exc:  # the worker died or the task was lost
+                name = tasks[futures.index(fut)]["name"]
+                result = {"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": ""}
+            report(result)
+    except BaseException:
+        client.cancel(futures, force=True)
+        raise
+
+
+def run_sweep(
+    experiment: str | os.PathLike[str],
+    overrides: list[str] | None = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    jobs: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
+    progress: bool = True,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepOutcome:
+    """Run every incomplete point of the experiment's sweep and write the index.
+
+    `on_result` sees each finished run's result (name, ok, error) after it is recorded; it
+    exists for callers that want to stop early (raising KeyboardInterrupt stops the sweep
+    exactly like SIGINT)."""
+    if executor not in ("local", "dask"):
+        raise SweepError(f"unknown executor {executor!r} (local or dask)")
+    if scheduler and executor != "dask":
+        raise SweepError("--scheduler needs --executor dask")
+    if jobs < 1:
+        raise SweepError(f"-j must be >= 1, got {jobs}")
+    raw, points = load_sweep(experiment, overrides)
+    base_config = validate(points[0].raw, where=str(experiment))
+    out_dir = Path(out or base_config.output.dir or Path("runs") / base_config.name).resolve()
+    outcome = SweepOutcome(out_dir, points)
+    names = [p.name for p in points]
+
+    client = cluster = None
+    if executor == "dask":
+        client, cluster = _dask_client(jobs, scheduler)  # fails before anything is touched
+
+    from tqdm import tqdm
+
+    from lmsim.study.rundir import is_complete
+
+    experiment_dir = str(Path(experiment).resolve().parent)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with _lock(out_dir):
+            _discard_partials(out_dir, names)
+            todo = []
+            for p in points:
+                run_dir = out_dir / p.name
+                if is_complete(run_dir):
+                    if _saved_config_matches(run_dir, p.raw):
+                        outcome.skipped.append(p.name)
+                        continue
+                    outcome.stale.append(p.name)
+                todo.append({
+                    "name": p.name, "raw": p.raw, "where": str(experiment),
+                    "experiment_dir": experiment_dir, "out": str(out_dir),
+                })  # fmt: skip
+            write_spec(out_dir, str(experiment), raw, points)
+            where = "Dask " + (scheduler or "LocalCluster") if executor == "dask" else f"local pool (-j {jobs})"
+            print(
+                f"sweep {base_config.name}: {len(points)} runs, {len(outcome.skipped)} already complete, "
+                f"{len(todo)} to run on {where}; output {out_dir}"
+                + (f" ({len(outcome.stale)} complete runs have a changed config and rerun)" if outcome.stale else ""),
+                flush=True,
+            )
+            bar = tqdm(total=len(todo), unit="run", desc="sweep", disable=not progress or not todo,
+                       file=sys.stderr, dynamic_ncols=True)  # fmt: skip
+
+            def report(result: dict[str, Any]) -> None:
+                name = result["name"]
+                error_file = out_dir / f"{name}.error.txt"
+                if result["ok"]:
+                    outcome.executed.append(name)
+                    error_file.unlink(missing_ok=True)
+                else:
+                    outcome.failed[name] = result["error"]
+                    error_file.write_text(result.get("traceback") or result["error"])
+                    bar.write(f"run {name} failed: {result['error']} (traceback in {error_file.name})", file=sys.stderr)
+                bar.update(1)
+                if on_result is not None:
+                    on_result(result)
+
+            with _signals_raise():
+                try:
+                    if executor == "dask":
+                        _run_dask(client, todo, report)
+                    elif jobs == 1 or len(todo) <= 1:
+                        _run_inline(todo, report)
+                    else:
+                        _run_pool(todo, min(jobs, len(todo)), report)
+                except SweepInterrupted as exc:
+                    outcome.interrupted = exc.signum
+                except KeyboardInterrupt:
+                    outcome.interrupted = int(signal.SIGINT)
+                finally:
+                    bar.close()
+                    # The run in flight, if any, never reached its rename: drop it.
+                    _discard_partials(out_dir, names)
+                    outcome.index = write_index(out_dir, points, raw)
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+    return outcome
+
+

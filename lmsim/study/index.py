@@ -1,0 +1,126 @@
+"""The sweep directory's index and spec: `sweep.parquet`, one row per complete run sorted by
+run name, built from the run directories on disk (so it depends neither on the executor nor
+on completion order), and `sweep.yaml`, the experiment and its points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmsim.study.expand import SweepPoint, format_value
+
+INDEX_FILE = "sweep.parquet"
+SPEC_FILE = "sweep.yaml"
+# Summary fields that measure the host, not the simulated system; they differ between two
+# otherwise identical runs and are excluded when indexes are compared.
+WALL_CLOCK_COLUMNS = ("wall_time_s", "router_us_per_decision", "requests_per_wall_s")
+# Keys whose sweep varies the arrival rate (figures plot these on the x axis).
+RATE_KEYS = ("workload.load", "workload.rate", "workload.time_scale", "workload.generator.params.rate")
+
+
+def _column(values: list[Any]) -> list[Any]:
+    """A parquet-friendly column of swept values: numbers stay numbers, anything else
+    (strings, mappings, mixtures) becomes its name text; unset stays null."""
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, bool) for v in present):
+        return values
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        if any(isinstance(v, float) for v in present) or len(present) < len(values):
+            return [float("nan") if v is None else float(v) for v in values]
+        return values
+    return [None if v is None else format_value(v) for v in values]
+
+
+def _offered_rate(run_dir: Path) -> float | None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    arrived = pq.read_table(run_dir / "requests.parquet", columns=["arrived_at"])["arrived_at"]
+    arrived = arrived.drop_null()
+    if len(arrived) < 2:
+        return None
+    span = pc.max(arrived).as_py() - pc.min(arrived).as_py()
+    return len(arrived) / span if span > 0 else None  # as workload.rate defines it
+
+
+def build_index(out: Path, points: list[SweepPoint]):
+    """One row per complete run, sorted by name: run, the swept keys, `offered_rate_per_s`
+    (measured from arrivals) and every scalar of summary.json."""
+    import pandas as pd
+
+    from lmsim.study.rundir import COMPLETE_MARKER, is_complete
+
+    keys: list[str] = []
+    for p in points:
+        keys.extend(k for k in p.params if k not in keys)
+    rows = []
+    for p in sorted(points, key=lambda q: q.name):
+        run_dir = out / p.name
+        if not is_complete(run_dir):
+            continue
+        summary = json.loads((run_dir / COMPLETE_MARKER).read_text())
+        row: dict[str, Any] = {"run": p.name}
+        row.update({k: p.params.get(k) for k in keys})
+        row["offered_rate_per_s"] = _offered_rate(run_dir)
+        for k, v in summary.items():
+            if k not in row and (v is None or isinstance(v, (bool, int, float, str))):
+                row[k] = v
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=None if rows else ["run", *keys])
+    for k in keys:
+        if k in frame:
+            frame[k] = _column(list(frame[k].astype(object).where(frame[k].notna(), None)))
+    return frame
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_index(out: Path, points: list[SweepPoint], experiment: dict[str, Any]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = build_index(out, points)
+    keys: list[str] = []
+    for p in points:
+        keys.extend(k for k in p.params if k not in keys)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"lmsim.sweep_keys"] = json.dumps(keys).encode()
+    meta[b"lmsim.experiment"] = str(experiment.get("name", "")).encode()
+    table = table.replace_schema_metadata(meta)
+    path = out / INDEX_FILE
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    return path
+
+
+def read_index(sweep_dir: str | os.PathLike[str]):
+    """The index as a DataFrame, with `attrs["sweep_keys"]` the swept keys in order."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(Path(sweep_dir) / INDEX_FILE)
+    frame = table.to_pandas()
+    meta = table.schema.metadata or {}
+    frame.attrs["sweep_keys"] = json.loads(meta.get(b"lmsim.sweep_keys", b"[]"))
+    return frame
+
+
+def write_spec(out: Path, experiment_path: str, raw: dict[str, Any], points: list[SweepPoint]) -> None:
+    spec = {
+        "experiment": str(experiment_path),
+        "config": raw,
+        "points": [{"name": p.name, "params": p.params} for p in points],
+    }
+    text = yaml.safe_dump(spec, sort_keys=False)
+    atomic_write(out / SPEC_FILE, lambda tmp: tmp.write_text(text))
+
+

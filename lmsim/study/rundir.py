@@ -1,0 +1,188 @@
+"""Run directories on disk: write a `Results` atomically, read one back, and decide whether
+a path may receive output at all.
+
+A run directory holds `requests.parquet`, `instances.parquet`, `router_events.parquet`,
+`config.yaml`, optionally `cdf.png`, then `summary.json`, written last. It is built in a
+temporary sibling directory and renamed into place, so a reader never sees a half-written
+run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run` or `sweep`):
+that marker, and nothing else, is what allows a later command to replace it. A directory
+without it, or holding files lmsim does not write, belongs to the user and is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from lmsim.engine.results import Results
+from lmsim.errors import ConfigError
+
+COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is complete
+KIND_MARKER = "lmsim.json"
+RUN_FILES = frozenset({
+    "requests.parquet", "instances.parquet", "router_events.parquet", "config.yaml", "cdf.png",
+    COMPLETE_MARKER, KIND_MARKER,
+})  # fmt: skip
+
+
+def is_complete(run_dir: str | os.PathLike[str]) -> bool:
+    return (Path(run_dir) / COMPLETE_MARKER).exists()
+
+
+def directory_kind(path: Path) -> str | None:
+    """The kind lmsim recorded when it created `path` (`run`, `sweep`), or None when lmsim
+    did not create it."""
+    try:
+        marker = json.loads((path / KIND_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    kind = marker.get("kind") if isinstance(marker, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def write_kind_marker(path: Path, kind: str) -> None:
+    from lmsim import __version__
+
+    (path / KIND_MARKER).write_text(json.dumps({"kind": kind, "lmsim": __version__}) + "\n")
+
+
+def check_output_dir(
+    out: Path, kind: str, *, overwrite: bool = False, allowed_files: frozenset[str] | None = None,
+    resumable: bool = False,
+) -> None:
+    """Refuse, with one line, any output path whose contents lmsim did not write.
+
+    `out` may be absent, an empty directory, or a directory lmsim made for the same `kind`.
+    An existing finished run is replaced only with `overwrite`; a sweep directory is
+    `resumable` (its own command continues it). The working directory and its ancestors are
+    never an output directory: replacing one would take the user's files with it."""
+    resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise ConfigError(f"{out}: --out is the working directory or one of its parents; name a new directory")
+    for parent in resolved.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{out}: cannot create the output directory, {parent} is a file")
+    if not resolved.exists():
+        return
+    if not resolved.is_dir():
+        raise ConfigError(f"{out}: output path is an existing file")
+    entries = [e.name for e in resolved.iterdir()]
+    if not entries:
+        return
+    found = directory_kind(resolved)
+    if found is None:
+        raise ConfigError(
+            f"{out}: directory exists and was not written by lmsim ({len(entries)} entries); "
+            "choose another --out or remove it yourself"
+        )
+    if found != kind:
+        raise ConfigError(f"{out}: is an lmsim {found} directory; `lmsim {kind}` will not replace it")
+    if allowed_files is not None:
+        foreign = sorted(n for n in entries if n not in allowed_files and not n.startswith("."))
+        if foreign:
+            raise ConfigError(
+                f"{out}: holds files lmsim did not write ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); remove them or choose another --out"
+            )
+    if resumable:
+        return
+    if not overwrite:
+        raise ConfigError(f"{out}: a finished {kind} is already there; pass --overwrite to replace it")
+
+
+def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool = True) -> Path:
+    """Write `results` to `run_dir` via a temporary sibling renamed into place. An existing
+    `run_dir` must be a run lmsim wrote, holding nothing else; it is swapped out only once
+    the new run is complete. Commands check earlier (`check_output_dir`, before the run
+    takes its time); this check is the last line of defence for library callers."""
+    run_dir = Path(run_dir)
+    check_output_dir(run_dir, "run", overwrite=True, allowed_files=RUN_FILES)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir.with_name(f".{run_dir.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_kind_marker(tmp, "run")
+    pq.write_table(requests_table(results.requests), tmp / "requests.parquet")
+    pq.write_table(pa.Table.from_pandas(results.instances, preserve_index=False), tmp / "instances.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(_flatten_events(results.router_events), preserve_index=False),
+        tmp / "router_events.parquet",
+    )
+    (tmp / "config.yaml").write_text(yaml.safe_dump(results.config, sort_keys=False))
+    if figure:
+        from lmsim.viz.run_cdf import plot_run_cdf
+
+        plot_run_cdf(results.requests, tmp / "cdf.png", title=results.config.get("name", ""))
+    (tmp / COMPLETE_MARKER).write_text(json.dumps(_jsonable(results.summary), indent=2) + "\n")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
+        os.replace(run_dir, old)
+        os.replace(tmp, run_dir)
+        shutil.rmtree(old)
+    else:
+        if run_dir.exists():
+            run_dir.rmdir()  # empty: nothing of the user's is in it
+        os.replace(tmp, run_dir)
+    return run_dir
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Results:
+    run_dir = Path(run_dir)
+    requests = pq.read_table(run_dir / "requests.parquet").to_pandas()
+    instances = pq.read_table(run_dir / "instances.parquet").to_pandas()
+    events_path = run_dir / "router_events.parquet"
+    events = pq.read_table(events_path).to_pandas() if events_path.exists() else pd.DataFrame()
+    summary = json.loads((run_dir / COMPLETE_MARKER).read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return Results(requests, instances, events, summary, config)
+
+
+def requests_table(requests: pd.DataFrame) -> pa.Table:
+    """NaN timestamps and -1 ids become nulls: "never happened" is not a number."""
+    columns = {}
+    for name in requests.columns:
+        col = requests[name]
+        if name == "status":
+            columns[name] = pa.array(col.astype(str).to_numpy(), type=pa.string())
+        elif col.dtype.kind == "f":
+            values = col.to_numpy()
+            columns[name] = pa.array(values, mask=np.isnan(values), type=pa.float64())
+        elif name in ("instance_id", "cached_tokens", "session_id", "class_id"):
+            values = col.to_numpy()
+            columns[name] = pa.array(values, mask=values < 0, type=pa.int64())
+        else:
+            columns[name] = pa.array(col.to_numpy())
+    return pa.table(columns)
+
+
+def _flatten_events(events: pd.DataFrame) -> pd.DataFrame:
+    if not len(events):
+        return pd.DataFrame({"time_s": pd.Series([], dtype=float), "kind": pd.Series([], dtype=str)})
+    out = events.copy()
+    for name in out.columns:
+        if out[name].dtype == object and name != "kind":
+            out[name] = out[name].map(lambda v: json.dumps(v) if isinstance(v, (list, dict, tuple)) else v)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        f = float(value)
+        return None if math.isnan(f) else f
+    return value
