@@ -195,10 +195,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"
-    data, report = fit_profile(base, args.measurements, name)
     if args.out.resolve() == Path(base.data.source).resolve().parent:
         raise ProfileError(f"{args.out}: --out must differ from the base profile's folder")
     check_profile_dir(args.out, overwrite=args.overwrite)
+    data, report = fit_profile(base, args.measurements, name)
     write_profile(data, args.out)
     print(f"wrote {args.out / 'profile.yaml'}")
     print(f"{'':8}{'rows':>7}{'median':>9}{'p90':>9}{'max':>9}{'bias':>9}   |relative error| of step time")

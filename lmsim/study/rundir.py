@@ -84,7 +84,8 @@ def check_output_dir(
     found = directory_kind(resolved)
     if found is None:
         raise ConfigError(
-            f"{out}: directory exists and was not written by lmsim ({len(entries)} entries); "
+            f"{out}: directory exists and was not written by lmsim "
+            f"({len(entries)} {'entry' if len(entries) == 1 else 'entries'}); "
             "choose another --out or remove it yourself"
         )
     if found != kind:
@@ -133,7 +134,9 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
     check_output_dir(run_dir, "run", overwrite=True, allowed_files=RUN_FILES)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = run_dir.with_name(f".{run_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
+    if tmp.exists():  # left by a process with our pid that died mid-save, if lmsim's
+        if not is_own_partial(tmp):
+            raise ConfigError(f"{tmp}: exists and was not written by lmsim; remove it yourself")
         shutil.rmtree(tmp)
     tmp.mkdir()
     write_kind_marker(tmp, "run")
