@@ -31,6 +31,8 @@ SUBPROCESS_CASES = [
     "profile_non_monotone_grid",
     "policy_unknown_name",
     "linear_profile_without_blocks",
+    "out_run_dot",
+    "out_run_into_a_foreign_folder",
 ]
 
 
@@ -46,7 +48,16 @@ def _expected(case: Path) -> str:
 
 
 def _argv(case: Path) -> list[str]:
-    return shlex.split((case / "cmd").read_text())
+    return shlex.split((case / "cmd").read_text().replace("{case}", str(case)))
+
+
+def _snapshot(case: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and folder (None) under the case, by relative path."""
+    return {
+        str(p.relative_to(case)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(case.rglob("*"))
+        if "__pycache__" not in p.parts
+    }
 
 
 def test_corpus_covers_every_family_the_issue_lists():
@@ -62,6 +73,13 @@ def test_corpus_covers_every_family_the_issue_lists():
         "profile_missing_table", "profile_non_monotone_grid",
         # policies
         "policy_unknown_name", "policy_unknown_parameter", "policy_bad_parameter_value",
+        # output safety: nothing lmsim did not write is replaced
+        "out_run_dot", "out_run_working_directory_absolute", "out_run_onto_a_file",
+        "run_out_under_a_file", "out_run_into_a_foreign_folder", "out_run_onto_a_finished_run",
+        "out_run_onto_a_sweep", "run_on_a_sweep_yaml", "out_sweep_onto_a_run",
+        "out_sweep_into_a_foreign_folder", "out_trace_convert_onto_a_foreign_file",
+        "out_profile_plot_onto_a_foreign_file", "out_bench_json_onto_a_foreign_file",
+        "plugin_module_not_importable",
     }
     assert required <= set(CASES), sorted(required - set(CASES))
     assert len(CASES) >= 30
@@ -73,6 +91,7 @@ def test_corpus_covers_every_family_the_issue_lists():
 @pytest.mark.parametrize("name", CASES)
 def test_bad_input_prints_its_one_line_and_exits_2(name, tmp_path, monkeypatch, capsys):
     case = _copy_case(name, tmp_path)
+    before = _snapshot(case)
     monkeypatch.chdir(case)
     code = main(_argv(case))
     out, err = capsys.readouterr()
@@ -80,13 +99,15 @@ def test_bad_input_prints_its_one_line_and_exits_2(name, tmp_path, monkeypatch, 
     assert err.splitlines() == [_expected(case)]
     assert "Traceback" not in err
     assert out == ""
-    # nothing half-written: a failing `run` creates no run directory
-    assert not (case / "out").exists()
+    # Nothing written, nothing removed: every file the case holds (the user's notes, an
+    # earlier run, a sweep) survives byte for byte, and no output appears.
+    assert _snapshot(case) == before
 
 
 @pytest.mark.parametrize("name", SUBPROCESS_CASES)
 def test_bad_input_through_the_real_entry_point(name, tmp_path):
     case = _copy_case(name, tmp_path)
+    before = _snapshot(case)
     proc = subprocess.run(
         [sys.executable, "-m", "lmsim", *_argv(case)],
         cwd=case,
@@ -98,6 +119,7 @@ def test_bad_input_through_the_real_entry_point(name, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr == _expected(case) + "\n"
     assert proc.stdout == ""
+    assert _snapshot(case) == before
 
 
 def _env() -> dict[str, str]:

@@ -64,7 +64,7 @@ def test_fit_recovers_known_profile_within_5_percent(tmp_path, capsys):
     meas = write_csv(tmp_path / "steps.csv", synthetic_steps(truth, 3000, rng, noise=0.02))
     base_dir = distorted_base(tmp_path)
     out = tmp_path / "fitted"
-    rc = cmd_fit(argparse.Namespace(measurements=meas, base=str(base_dir), out=out, name=None))
+    rc = cmd_fit(argparse.Namespace(measurements=meas, base=str(base_dir), out=out, name=None, overwrite=False))
     assert rc == 0
     printed = capsys.readouterr().out
     assert "fitted" in printed and "base" in printed
@@ -95,7 +95,7 @@ def test_fit_recovers_known_profile_within_5_percent(tmp_path, capsys):
 def test_fit_of_the_true_profile_changes_little(tmp_path):
     truth = load_table_profile(TRUTH)
     meas = write_csv(tmp_path / "s.csv", synthetic_steps(truth, 800, np.random.default_rng(5), 0.01))
-    cmd_fit(argparse.Namespace(measurements=meas, base=TRUTH, out=tmp_path / "f", name="x/y"))
+    cmd_fit(argparse.Namespace(measurements=meas, base=TRUTH, out=tmp_path / "f", name="x/y", overwrite=False))
     fitted = load_table_profile(tmp_path / "f")
     assert fitted.name == "x/y"
     for b in (1, 16, 128):
@@ -119,7 +119,7 @@ def test_generate_reproduces_the_shipped_tables(tmp_path):
     from lmsim.profile import PROFILES_DIR
 
     for name in ("h20/qwen2-7b", "h20/qwen3-30b-a3b"):
-        rc = cmd_generate(argparse.Namespace(out=tmp_path, only=name, no_plot=True))
+        rc = cmd_generate(argparse.Namespace(out=tmp_path, only=name, no_plot=True, overwrite=False))
         assert rc == 0
         for table in ("tokens.csv", "seqs.csv", "prefill_attention.csv", "decode_attention.csv"):
             assert (tmp_path / name / table).read_text() == (PROFILES_DIR / name / table).read_text()
@@ -135,7 +135,7 @@ def test_show_prints_facts_kv_and_tables(capsys):
 
 def test_plot_writes_png(tmp_path):
     out = tmp_path / "p.png"
-    assert cmd_plot(argparse.Namespace(name="h20/qwen2-7b", out=out)) == 0
+    assert cmd_plot(argparse.Namespace(name="h20/qwen2-7b", out=out, overwrite=False)) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

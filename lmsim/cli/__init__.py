@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from lmsim._version import __version__
+from lmsim.cli.options import PLUGIN_HELP, add_overwrite_option, add_plugin_option
 from lmsim.errors import ConfigError, InvariantError, LmsimError
 
 
@@ -22,14 +24,20 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("experiment", help="experiment YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. router.policy=lmetric (repeatable)")
-    p.add_argument("--out", help="run directory (default: output.dir or runs/<name>)")
+    p.add_argument("--out", help="run directory: absent, empty, or (with --overwrite) an lmsim run. "
+                   "Default: output.dir or runs/<name>; if that holds a run of a different "
+                   "configuration (or anything else), runs/<name>-2, -3, ... instead; a run of "
+                   "the same configuration there is replaced")
+    add_overwrite_option(p, "run directory (only a run lmsim wrote; never a sweep)")
     p.add_argument("--check", action="store_true", help="assert engine invariants every step")
     p.add_argument("--no-figure", action="store_true", help="skip the CDF figure")
+    add_plugin_option(p)
     p.set_defaults(func=cmd_run)
 
     v = subparsers.add_parser("validate", help="check an experiment without running it")
     v.add_argument("experiment")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_plugin_option(v)
     v.set_defaults(func=cmd_validate)
 
     pol = subparsers.add_parser("policies", help="list routing policies and their parameters")
@@ -49,18 +57,25 @@ def _about(where: str) -> Iterator[None]:
         raise ConfigError(f"{where}: {msg}") from None
 
 
-def _prepare(args: argparse.Namespace):
+def _load_config(args: argparse.Namespace):
+    from lmsim.config import load_experiment
+
+    config, _raw = load_experiment(args.experiment, args.overrides)
+    if getattr(args, "check", False):
+        config = config.model_copy(update={"simulation": config.simulation.model_copy(update={"check": True})})
+    return config
+
+
+def _prepare(args: argparse.Namespace, config=None):
     """Load and check everything a run needs, so bad input fails here with the experiment
     file named, before any simulated time passes (shared by `run` and `validate`)."""
-    from lmsim.config import load_experiment
     from lmsim.policies import POLICIES
     from lmsim.profile import load_cost_model
     from lmsim.study.experiment import load_workload_trace
 
     where = str(args.experiment)
-    config, _raw = load_experiment(args.experiment, args.overrides)
-    if getattr(args, "check", False):
-        config = config.model_copy(update={"simulation": config.simulation.model_copy(update={"check": True})})
+    if config is None:
+        config = _load_config(args)
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
     POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
     _check_router_view(config, where)
@@ -133,9 +148,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
-    config, trace = _prepare(args)
-    out = Path(args.out or config.output.dir or Path("runs") / config.name)
-    _check_output_dir(out)  # before the run, not after it has taken its time
+    config = _load_config(args)
+    if config.sweep or config.zip:
+        raise ConfigError(
+            f"{args.experiment}: has a sweep: block; run its points with `lmsim sweep {args.experiment}`"
+        )
+    # Before the workload is built (which may search a capacity) and before the run.
+    out = _run_directory(config, args.out, overwrite=args.overwrite)
+    config, trace = _prepare(args, config)
     with _about(str(args.experiment)):
         sim = Simulation(config, trace)
         results = sim.run()
@@ -149,12 +169,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: run directory path is an existing file")
-    for parent in out.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{out}: cannot create the run directory, {parent} is a file")
+# How far `lmsim run` looks for a free default directory (runs/<name>-N) before giving up.
+MAX_DEFAULT_SUFFIX = 999
+
+
+def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
+    """Where `lmsim run` writes, checked before anything runs.
+
+    `--out DIR` is used as given: absent, empty, or an lmsim run (replaced only with
+    --overwrite). Without it the default (output.dir or runs/<name>) is used when it is free
+    or holds a run of this same configuration (replaced: the same experiment and seed give the
+    same results); otherwise the first free or same-configuration runs/<name>-2, -3, ... so a
+    run never replaces an earlier run of a different configuration. `--overwrite` without
+    `--out` replaces the run at the default directory whatever its configuration."""
+    from lmsim.study.rundir import RUN_FILES, check_output_dir, directory_kind, saved_config_matches
+
+    if out is not None:
+        path = Path(out)
+        check_output_dir(path, "run", overwrite=overwrite, allowed_files=RUN_FILES)
+        return path
+    base = Path(config.output.dir or Path("runs") / config.name)
+    if overwrite:
+        check_output_dir(base, "run", overwrite=True, allowed_files=RUN_FILES)
+        return base
+    wanted = config.to_dict()
+    for n in range(1, MAX_DEFAULT_SUFFIX + 1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+            check_output_dir(path, "run")  # a parent that is a file, the working directory
+            return path
+        if directory_kind(path) == "run" and saved_config_matches(path, wanted):
+            check_output_dir(path, "run", overwrite=True, allowed_files=RUN_FILES)
+            return path
+    raise ConfigError(f"{base}: {base.name}-2 ... -{MAX_DEFAULT_SUFFIX} are all taken; pass --out")
 
 
 def format_summary(name: str, s: dict) -> str:
@@ -208,7 +255,10 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmsim", description="LLM serving cluster simulator")
+    parser.add_argument("--version", action="version", version=f"lmsim {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                        help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     for module in COMMAND_MODULES:
@@ -241,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "experiment"):
         args.experiment = _experiment_paths(args.experiment)
     try:
+        from lmsim.plugins import load_plugins
+
+        load_plugins([*args.plugins, *getattr(args, "sub_plugins", [])])
         return int(args.func(args) or 0)
     except LmsimError as exc:
         if args.debug:

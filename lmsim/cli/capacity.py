@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmsim.cli.options import add_plugin_option
+from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
 from lmsim.study.bundle import bundle_experiments
 from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, find_capacity
@@ -18,7 +20,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
     p.add_argument("--bundle", action="store_true",
                    help="measure every load point of the experiments (sweeps expanded) and record "
-                        "them in experiments/capacity.json (shipped with lmsim)")
+                        "them in experiments/capacity.json (shipped with lmsim; only from a source "
+                        "checkout)")
+    add_plugin_option(p)
     p.set_defaults(func=cmd_capacity)
 
 
@@ -27,6 +31,7 @@ def cmd_capacity(args: Any) -> int:
     from lmsim.study.experiment import load_workload_trace
 
     if args.bundle:
+        check_source_checkout(BUNDLED_PATH, "capacity --bundle")
         count = bundle_experiments(args.experiment)
         print(f"{count} capacities recorded in {BUNDLED_PATH}")
         return 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmsim.data import PROFILES_DIR
+from lmsim.cli.options import add_overwrite_option
+from lmsim.data import PROFILES_DIR, check_source_checkout
 from lmsim.errors import ProfileError
+from lmsim.outputs import check_output_file, is_signed_figure
 from lmsim.profile.analytic import (
     DATA_POINTS,
     SHIPPED,
@@ -18,7 +20,13 @@ from lmsim.profile.analytic import (
     split_name,
     tabulate,
 )
-from lmsim.profile.tables import TableCostModel, load_table_profile, write_profile
+from lmsim.profile.tables import (
+    TABLE_FILES,
+    TableCostModel,
+    is_profile_dir,
+    load_table_profile,
+    write_profile,
+)
 
 
 def register_cli(subparsers) -> None:
@@ -26,7 +34,9 @@ def register_cli(subparsers) -> None:
     sub = p.add_subparsers(dest="profile_command", required=True)
 
     g = sub.add_parser("generate", help="regenerate profile tables from the analytic model")
-    g.add_argument("--out", type=Path, default=PROFILES_DIR, help="profiles folder (default: profiles/)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="profiles folder (default: the shipped profiles/, only from a source checkout)")
+    add_overwrite_option(g, "file in a folder that is not an lmsim profile")
     g.add_argument("--only", metavar="NAME", help="one profile, e.g. h20/qwen3-30b-a3b")
     g.add_argument("--no-plot", action="store_true", help="skip drawing plot.png")
     g.set_defaults(func=cmd_generate)
@@ -37,7 +47,9 @@ def register_cli(subparsers) -> None:
 
     pl = sub.add_parser("plot", help="draw prefill and decode curves as a PNG")
     pl.add_argument("name", help="profile name or path")
-    pl.add_argument("--out", type=Path, help="PNG path (default: plot.png in the profile folder)")
+    pl.add_argument("--out", type=Path,
+                    help="PNG path (default: <gpu>-<model>.png in the working directory)")
+    add_overwrite_option(pl, "--out file lmsim did not draw")
     pl.set_defaults(func=cmd_plot)
 
     f = sub.add_parser("fit", help="fit a profile's tables to measured step times")
@@ -46,7 +58,18 @@ def register_cli(subparsers) -> None:
     f.add_argument("--base", required=True, help="profile whose shapes are kept")
     f.add_argument("--out", type=Path, required=True, help="folder for the fitted profile")
     f.add_argument("--name", help="name recorded in the new profile (default: <base>-fit)")
+    add_overwrite_option(f, "file in a folder that is not an lmsim profile")
     f.set_defaults(func=cmd_fit)
+
+
+PROFILE_FILES = ("profile.yaml", *TABLE_FILES.values(), "plot.png")
+
+
+def check_profile_dir(out_dir: Path, *, overwrite: bool) -> None:
+    """A profile folder may be written when it is new, empty or an lmsim profile; the files
+    of another folder are replaced only with --overwrite."""
+    for name in PROFILE_FILES:
+        check_output_file(out_dir / name, overwrite=overwrite, ours=lambda p: is_profile_dir(p.parent))
 
 
 def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
@@ -80,6 +103,12 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     names = [args.only] if args.only else SHIPPED
+    if args.out is None:
+        check_source_checkout(PROFILES_DIR, "profile generate")
+        args.out = PROFILES_DIR
+    for name in names:
+        split_name(name, where="--only")
+        check_profile_dir(args.out / name, overwrite=args.overwrite)
     for name in names:
         out = generate_one(name, args.out, plot=not args.no_plot)
         print(f"wrote {out}")
@@ -153,10 +182,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from lmsim.profile.plot import plot_profile
-    from lmsim.profile.tables import resolve_profile
 
     model = load_table_profile(args.name)
-    out = args.out or resolve_profile(args.name).parent / "plot.png"
+    out = args.out or Path(f"{model.name.replace('/', '-')}.png")
+    check_output_file(out, overwrite=args.overwrite, ours=is_signed_figure)
     print(f"wrote {plot_profile(model, out)}")
     return 0
 
@@ -166,9 +195,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"
-    data, report = fit_profile(base, args.measurements, name)
     if args.out.resolve() == Path(base.data.source).resolve().parent:
         raise ProfileError(f"{args.out}: --out must differ from the base profile's folder")
+    check_profile_dir(args.out, overwrite=args.overwrite)
+    data, report = fit_profile(base, args.measurements, name)
     write_profile(data, args.out)
     print(f"wrote {args.out / 'profile.yaml'}")
     print(f"{'':8}{'rows':>7}{'median':>9}{'p90':>9}{'max':>9}{'bias':>9}   |relative error| of step time")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmsim.cli.options import add_overwrite_option
 from lmsim.viz.report import write_report
 
 
 def cmd_report(args: Any) -> int:
-    print(write_report(args.dir, args.out))
+    print(write_report(args.dir, args.out, overwrite=args.overwrite))
     return 0
 
 
@@ -16,5 +17,6 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="write one self-contained report.html from saved results")
     p.add_argument("dir", help="a sweep directory, or a directory of sweep directories")
     p.add_argument("--out", help="output file (default: DIR/report.html)")
+    add_overwrite_option(p, "file lmsim did not write")
     p.set_defaults(func=cmd_report)
 

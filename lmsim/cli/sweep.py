@@ -6,6 +6,7 @@ import signal
 import sys
 from typing import Any
 
+from lmsim.cli.options import add_plugin_option
 from lmsim.study.execute import run_sweep
 from lmsim.study.expand import load_sweep
 
@@ -41,7 +42,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("experiment", help="experiment YAML with a sweep: block")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field before expansion (repeatable)")
-    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>)")
+    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>): absent, empty, "
+                   "or a sweep lmsim wrote (resumed); never a run directory or a folder of yours")
     p.add_argument("-j", "--jobs", type=int, default=1, help="runs in parallel (default 1)")
     p.add_argument("--executor", choices=("local", "dask"), default=None,
                    help="local process pool (default) or dask.distributed")
@@ -49,5 +51,6 @@ def register_cli(subparsers: Any) -> None:
                    help="Dask scheduler address (default: a LocalCluster with -j workers)")
     p.add_argument("--list", action="store_true", help="print the run names and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plugin_option(p)
     p.set_defaults(func=cmd_sweep)
 

@@ -15,10 +15,13 @@ from typing import Any
 
 import yaml
 
+from lmsim.cli.options import add_overwrite_option
 from lmsim.errors import ConfigError
+from lmsim.outputs import check_output_file, is_signed_figure, save_figure
 from lmsim.workload.formats import FORMATS, load_trace
 from lmsim.workload.generators import GENERATORS, generate
 from lmsim.workload.stats import format_stats, trace_stats
+from lmsim.workload.trace import is_canonical_trace
 
 
 def register_cli(subparsers: Any) -> None:
@@ -30,6 +33,7 @@ def register_cli(subparsers: Any) -> None:
     conv.add_argument("--format", choices=FORMATS.names(), default=None,
                       help="input format (default: from the file name or content)")
     conv.add_argument("--out", required=True, metavar="OUT.parquet")
+    add_overwrite_option(conv, "--out file lmsim did not write")
     conv.add_argument("--skip-bad-rows", action="store_true",
                       help="skip and count malformed rows instead of stopping")
     conv.set_defaults(func=cmd_convert)
@@ -44,7 +48,9 @@ def register_cli(subparsers: Any) -> None:
     pl = sub.add_parser("plot", help="arrival rate over time and length CDFs")
     pl.add_argument("trace", metavar="TRACE")
     pl.add_argument("--format", choices=FORMATS.names(), default=None)
-    pl.add_argument("--out", default=None, metavar="PNG", help="default: TRACE name + .png")
+    pl.add_argument("--out", default=None, metavar="PNG",
+                    help="default: the trace's name + .png in the working directory")
+    add_overwrite_option(pl, "--out file lmsim did not draw")
     pl.set_defaults(func=cmd_plot)
 
     gen = sub.add_parser("generate", help="write a synthetic trace")
@@ -53,10 +59,12 @@ def register_cli(subparsers: Any) -> None:
                      help="generator parameter (YAML value), repeatable")
     gen.add_argument("--seed", type=int, required=True)
     gen.add_argument("--out", required=True, metavar="OUT.parquet")
+    add_overwrite_option(gen, "--out file lmsim did not write")
     gen.set_defaults(func=cmd_generate)  # fmt: skip
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
     trace = load_trace(args.input, format=args.format, skip_bad_rows=args.skip_bad_rows)
     trace.save(args.out)
     skipped = int(trace.meta.get("skipped_rows", "0"))
@@ -89,8 +97,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    # Beside the trace would be inside the installed package for a bundled one.
+    out = Path(args.out) if args.out else Path(Path(args.trace).stem + ".png")
+    check_output_file(out, overwrite=args.overwrite, ours=is_signed_figure)
     trace = load_trace(args.trace, format=args.format)
-    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".png")
     fig, (ax_rate, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4))
     t = trace.arrival_s - trace.arrival_s[0]
     bins = np.arange(0, max(t[-1], 60) + 60, 60)
@@ -109,7 +119,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     ax_cdf.legend()
     fig.suptitle(Path(args.trace).name)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     plt.close(fig)
     print(f"wrote {out}")
     return 0
@@ -131,6 +141,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
     trace = generate(args.name, parse_params(args.param), seed=args.seed)
     trace.save(args.out)
     print(f"wrote {len(trace)} requests to {args.out}")

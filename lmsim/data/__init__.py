@@ -33,3 +33,20 @@ def bundled_experiment_names() -> list[str]:
         str(p.relative_to(EXPERIMENTS_DIR).with_suffix(""))
         for p in EXPERIMENTS_DIR.rglob("*.yaml")
     )
+
+
+def check_source_checkout(path: Path, command: str) -> None:
+    """Refuse to write shipped data unless this is a source checkout: `path` writable and
+    not inside an installed package (site-packages), where a write would alter the
+    installation for every user of it."""
+    import os
+
+    from lmsim.errors import ConfigError
+
+    installed = any(part in ("site-packages", "dist-packages") for part in path.resolve().parts)
+    target = path if path.exists() else path.parent
+    if installed or not os.access(target, os.W_OK):
+        raise ConfigError(
+            f"{command}: {path} belongs to the installed lmsim package; run it from a source "
+            "checkout (pip install -e .)"
+        )

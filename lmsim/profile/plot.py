@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmsim.outputs import save_figure
 from lmsim.profile.analytic import decode_step_seconds, prefill_seconds
 
 
@@ -43,7 +44,6 @@ def plot_profile(model, out: Path, *, budget: int = 8192) -> Path:
         ax.legend()
     fig.suptitle(f"{model.name} (table predictor)")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     plt.close(fig)
     return out

@@ -38,6 +38,7 @@ import numpy as np
 import yaml
 
 from lmsim.errors import ProfileError
+from lmsim.outputs import atomic_path, write_text
 
 FORMAT = "lmsim-profile/1"
 GIB = float(1 << 30)
@@ -457,6 +458,15 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if x != int(x) or abs(x) >= 1e15 else str(int(x))
 
 
+def is_profile_dir(path: Path) -> bool:
+    """A folder `write_profile` wrote: its profile.yaml declares this format."""
+    try:
+        meta = yaml.safe_load((path / "profile.yaml").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
 def write_profile(data: ProfileData, out_dir: Path) -> Path:
     """Write profile.yaml and its four CSV tables into out_dir (created if needed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -468,17 +478,17 @@ def write_profile(data: ProfileData, out_dir: Path) -> Path:
                                      "provenance") if k in meta}
     ordered.update({k: v for k, v in meta.items() if k not in ordered})
     text = yaml.safe_dump(ordered, sort_keys=False, width=100, allow_unicode=True, default_flow_style=None)
-    (out_dir / "profile.yaml").write_text(text)
+    write_text(out_dir / "profile.yaml", text)
 
     def g(x: float) -> str:  # 9 significant digits keeps tables within 1e-8 of the source
         return f"{x:.9g}"
 
-    with (out_dir / TABLE_FILES["tokens"]).open("w", newline="") as fh:
+    with atomic_path(out_dir / TABLE_FILES["tokens"]) as tmp, tmp.open("w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(VECTOR_COLUMNS["tokens"])
         for x, a, b in zip(data.tokens, data.dense_s, data.moe_s):
             w.writerow([_fmt(x), g(a), g(b)])
-    with (out_dir / TABLE_FILES["seqs"]).open("w", newline="") as fh:
+    with atomic_path(out_dir / TABLE_FILES["seqs"]) as tmp, tmp.open("w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(VECTOR_COLUMNS["seqs"])
         for x, a, b in zip(data.seqs, data.lm_head_s, data.cpu_s):
@@ -487,7 +497,7 @@ def write_profile(data: ProfileData, out_dir: Path) -> Path:
         "prefill_attention": (data.pa_q, data.pa_c, data.pa),
         "decode_attention": (data.da_b, data.da_c, data.da),
     }.items():
-        with (out_dir / TABLE_FILES[kind]).open("w", newline="") as fh:
+        with atomic_path(out_dir / TABLE_FILES[kind]) as tmp, tmp.open("w", newline="") as fh:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(["/".join(MATRIX_AXES[kind]), *(_fmt(c) for c in cg)])
             for r, row in zip(rg, z):

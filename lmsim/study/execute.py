@@ -26,11 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lmsim.config import ExperimentConfig, validate
 from lmsim.study.expand import SweepError, SweepPoint, load_sweep
 from lmsim.study.index import INDEX_FILE, write_index, write_spec
+from lmsim.study.rundir import (
+    check_output_dir,
+    is_complete,
+    is_own_partial,
+    saved_config_matches,
+    write_kind_marker,
+)
 
 LOCK_FILE = ".sweep.lock"
 CONNECT_TIMEOUT_S = 5.0
@@ -75,37 +80,29 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _saved_config_matches(run_dir: Path, raw: dict[str, Any]) -> bool:
-    """True when the complete run at run_dir was made from this point's config (`output`
-    aside: where figures go does not change results)."""
-    try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    if not isinstance(saved, dict):
-        return False
     try:
         wanted = ExperimentConfig.model_validate(raw).to_dict()
     except Exception:
         return False
-    saved.pop("output", None)
-    wanted.pop("output", None)
-    return saved == wanted
+    return saved_config_matches(run_dir, wanted)
 
 
 def _discard_partials(out: Path, names: list[str]) -> int:
-    """Remove the temporary and replaced-old directories `Results.save` leaves behind when
-    its process dies mid-write; only for this sweep's points."""
+    """Remove the temporary and replaced-old directories `save_run` leaves behind when its
+    process dies mid-write; only for this sweep's points, and only directories lmsim marked
+    as its own (`is_own_partial`)."""
     removed = 0
     if not out.exists():
         return 0
     wanted = set(names)
     for entry in out.iterdir():
         m = re.fullmatch(r"\.(.+)\.(tmp|old)-\d+", entry.name)
-        if m and m.group(1) in wanted and entry.is_dir():
+        if m and m.group(1) in wanted and is_own_partial(entry):
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     for tmp in out.glob(f".{INDEX_FILE}.tmp-*"):
-        tmp.unlink(missing_ok=True)
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
     return removed
 
 
@@ -274,7 +271,10 @@ def run_sweep(
         raise SweepError(f"-j must be >= 1, got {jobs}")
     raw, points = load_sweep(experiment, overrides)
     base_config = validate(points[0].raw, where=str(experiment))
-    out_dir = Path(out or base_config.output.dir or Path("runs") / base_config.name).resolve()
+    out_given = Path(out or base_config.output.dir or Path("runs") / base_config.name)
+    # Absent, empty or a sweep lmsim made: never a run directory or the user's own folder.
+    check_output_dir(out_given, "sweep", resumable=True)
+    out_dir = out_given.resolve()
     outcome = SweepOutcome(out_dir, points)
     names = [p.name for p in points]
 
@@ -284,11 +284,10 @@ def run_sweep(
 
     from tqdm import tqdm
 
-    from lmsim.study.rundir import is_complete
-
     experiment_dir = str(Path(experiment).resolve().parent)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        write_kind_marker(out_dir, "sweep")
         with _lock(out_dir):
             _discard_partials(out_dir, names)
             todo = []

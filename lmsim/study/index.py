@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lmsim.outputs import atomic_path, write_text
 from lmsim.study.expand import SweepPoint, format_value
 
 INDEX_FILE = "sweep.parquet"
@@ -79,12 +79,6 @@ def build_index(out: Path, points: list[SweepPoint]):
     return frame
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_index(out: Path, points: list[SweepPoint], experiment: dict[str, Any]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -99,7 +93,8 @@ def write_index(out: Path, points: list[SweepPoint], experiment: dict[str, Any])
     meta[b"lmsim.experiment"] = str(experiment.get("name", "")).encode()
     table = table.replace_schema_metadata(meta)
     path = out / INDEX_FILE
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 
@@ -121,6 +116,6 @@ def write_spec(out: Path, experiment_path: str, raw: dict[str, Any], points: lis
         "points": [{"name": p.name, "params": p.params} for p in points],
     }
     text = yaml.safe_dump(spec, sort_keys=False)
-    atomic_write(out / SPEC_FILE, lambda tmp: tmp.write_text(text))
+    write_text(out / SPEC_FILE, text)
 
 

@@ -26,6 +26,7 @@ import yaml
 
 from lmsim.engine.results import Results
 from lmsim.errors import ConfigError
+from lmsim.outputs import file_in_the_way
 
 COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is complete
 KIND_MARKER = "lmsim.json"
@@ -51,7 +52,7 @@ def directory_kind(path: Path) -> str | None:
 
 
 def write_kind_marker(path: Path, kind: str) -> None:
-    from lmsim import __version__
+    from lmsim._version import __version__
 
     (path / KIND_MARKER).write_text(json.dumps({"kind": kind, "lmsim": __version__}) + "\n")
 
@@ -70,9 +71,9 @@ def check_output_dir(
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise ConfigError(f"{out}: --out is the working directory or one of its parents; name a new directory")
-    for parent in resolved.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{out}: cannot create the output directory, {parent} is a file")
+    blocker = file_in_the_way(out)
+    if blocker is not None:
+        raise ConfigError(f"{out}: cannot create the output directory, {blocker} is a file")
     if not resolved.exists():
         return
     if not resolved.is_dir():
@@ -83,7 +84,8 @@ def check_output_dir(
     found = directory_kind(resolved)
     if found is None:
         raise ConfigError(
-            f"{out}: directory exists and was not written by lmsim ({len(entries)} entries); "
+            f"{out}: directory exists and was not written by lmsim "
+            f"({len(entries)} {'entry' if len(entries) == 1 else 'entries'}); "
             "choose another --out or remove it yourself"
         )
     if found != kind:
@@ -101,6 +103,28 @@ def check_output_dir(
         raise ConfigError(f"{out}: a finished {kind} is already there; pass --overwrite to replace it")
 
 
+def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:
+    """True when the run at `run_dir` was made from the resolved config `wanted` (`output`
+    aside: where figures go does not change results)."""
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    if not isinstance(saved, dict):
+        return False
+    saved = {k: v for k, v in saved.items() if k != "output"}
+    return saved == {k: v for k, v in wanted.items() if k != "output"}
+
+
+def is_own_partial(path: Path) -> bool:
+    """A temporary or replaced-old run directory `save_run` leaves behind when its process
+    dies mid-write (`.NAME.tmp-PID`, `.NAME.old-PID`): empty, or marked as a run. Only these
+    may be cleaned up without asking."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    return directory_kind(path) == "run" or not any(path.iterdir())
+
+
 def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool = True) -> Path:
     """Write `results` to `run_dir` via a temporary sibling renamed into place. An existing
     `run_dir` must be a run lmsim wrote, holding nothing else; it is swapped out only once
@@ -110,7 +134,9 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
     check_output_dir(run_dir, "run", overwrite=True, allowed_files=RUN_FILES)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = run_dir.with_name(f".{run_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
+    if tmp.exists():  # left by a process with our pid that died mid-save, if lmsim's
+        if not is_own_partial(tmp):
+            raise ConfigError(f"{tmp}: exists and was not written by lmsim; remove it yourself")
         shutil.rmtree(tmp)
     tmp.mkdir()
     write_kind_marker(tmp, "run")

@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from lmsim.errors import LmsimError
+from lmsim.outputs import check_output_file, is_signed_figure, save_figure
 from lmsim.study.expand import format_value
 from lmsim.study.index import INDEX_FILE, RATE_KEYS, read_index
 from lmsim.study.rundir import COMPLETE_MARKER, is_complete
@@ -387,12 +388,6 @@ def supported_kinds(data: SweepData) -> list[str]:
     return kinds
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-
-
 def make_figures(
     root: str | os.PathLike[str],
     kinds: list[str] | None = None,
@@ -400,9 +395,11 @@ def make_figures(
     formats: tuple[str, ...] = ("png",),
     out: str | os.PathLike[str] | None = None,
     param: str | None = None,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Draw the requested kinds (default: every kind the results support) into
-    `out` (default DIR/figures/) as `<kind>.<format>`; returns the written paths."""
+    `out` (default DIR/figures/) as `<kind>.<format>`; returns the written paths. A file
+    there that lmsim did not draw is replaced only with `overwrite`."""
     data = SweepData(root)
     for f in formats:
         if f not in FORMATS:
@@ -412,6 +409,9 @@ def make_figures(
             raise PlotError(f"unknown plot kind {k!r} (one of {', '.join(KINDS)})")
     wanted = list(kinds) if kinds else supported_kinds(data)
     out_dir = Path(out) if out else data.root / FIGURES_DIR
+    for kind in wanted:  # refuse before drawing: nothing is written unless all may be
+        for f in formats:
+            check_output_file(out_dir / f"{kind}.{f}", overwrite=overwrite, ours=is_signed_figure)
     figures = []
     for kind in wanted:  # draw everything first: an unsupported kind writes nothing
         fig = plot_param(data, param) if kind == "param" else PLOTTERS[kind](data)
@@ -421,7 +421,7 @@ def make_figures(
     for kind, fig in figures:
         for f in formats:
             path = out_dir / f"{kind}.{f}"
-            _save(fig, path)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         plt.close(fig)
     return written

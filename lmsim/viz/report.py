@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from lmsim.errors import LmsimError
+from lmsim.outputs import SIGNATURE, check_output_file, write_text
 from lmsim.study.index import INDEX_FILE, SPEC_FILE, WALL_CLOCK_COLUMNS
 from lmsim.viz.figures import SweepData, make_figures, supported_kinds
 
@@ -68,20 +69,27 @@ def _section(sweep: Path, root: Path) -> str:
     return "\n".join(parts)
 
 
-def write_report(root: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
+def is_report(path: Path) -> bool:
+    """An HTML page `write_report` wrote (signed in its head)."""
+    with open(path, "rb") as fh:
+        return SIGNATURE.encode() in fh.read(4096)
+
+
+def write_report(
+    root: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *, overwrite: bool = False,
+) -> Path:
+    """Write the report to `out` (default DIR/report.html); a file there that lmsim did not
+    write is replaced only with `overwrite`."""
     root = Path(root)
     sweeps = find_sweeps(root)
     if not sweeps:
         raise ReportError(f"{root}: no sweep.parquet here or in a subdirectory")
+    path = check_output_file(Path(out) if out else root / REPORT_FILE, overwrite=overwrite, ours=is_report)
     sections = [_section(s, root) for s in sweeps]
     toc = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>'
                   for n in (str(s.relative_to(root)) if s != root else s.name for s in sweeps))  # fmt: skip
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>lmsim report: {html.escape(root.name)}</title>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{SIGNATURE}'><title>lmsim report: {html.escape(root.name)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>lmsim report: {html.escape(str(root))}</h1>"
             f"<p>Latencies in ms. Generated from saved results only.</p><ul>{toc}</ul>"
             + "\n".join(sections) + "</body></html>")  # fmt: skip
-    path = Path(out) if out else root / REPORT_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(page)
-    os.replace(tmp, path)
-    return path
+    return write_text(path, page)

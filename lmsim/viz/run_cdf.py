@@ -11,6 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from lmsim.outputs import save_figure
+
 
 def _cdf(ax, values: np.ndarray, label: str) -> None:
     values = np.sort(values[~np.isnan(values)])
@@ -32,5 +34,5 @@ def plot_run_cdf(requests: pd.DataFrame, path: str | os.PathLike[str], *, title:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmsim.errors import TraceError
+from lmsim.outputs import atomic_path
 
 OPTIONAL_INT_COLUMNS = ("session_id", "parent_id", "class_id", "slo_class", "after_id")
 
@@ -204,11 +205,15 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a temporary file in the same folder, then a rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        pq.write_table(self.to_arrow(), tmp, compression="zstd")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            pq.write_table(self.to_arrow(), tmp, compression="zstd")
+
+
+def is_canonical_trace(path: Path) -> bool:
+    """A Parquet file `Trace.save` wrote: its schema metadata carries the trace's block size
+    and source (a check of the footer only; the data is not read)."""
+    meta = pq.read_schema(path).metadata or {}
+    return b"block_size" in meta and b"source" in meta
 
 
 def read_parquet(path: str | os.PathLike[str]) -> Trace:
