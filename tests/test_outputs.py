@@ -182,3 +182,13 @@ def test_save_run_never_removes_a_foreign_temporary_lookalike(tmp_path, monkeypa
     with pytest.raises(ConfigError, match="was not written by lmsim"):
         save_run(simulate(make_trace([0.0], [40], [2])), tmp_path / "run", figure=False)
     assert (lookalike / "notes.txt").read_text() == "mine"
+
+
+def test_output_dir_in_the_yaml_may_not_be_the_working_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "quickstart", *RUN, "--set", "output.dir=."]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lmsim: error: .: is the working directory or one of its parents; name a new output directory"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -192,6 +192,9 @@ def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     if overwrite:
         check_output_dir(base, "run", overwrite=True, allowed_files=RUN_FILES)
         return base
+    cwd = Path.cwd().resolve()
+    if base.resolve() == cwd or base.resolve() in cwd.parents:
+        check_output_dir(base, "run")  # output.dir: . names the user's folder; refused
     wanted = config.to_dict()
     for n in range(1, MAX_DEFAULT_SUFFIX + 1):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")

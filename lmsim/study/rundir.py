@@ -70,7 +70,7 @@ def check_output_dir(
     resolved = out.resolve()
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
-        raise ConfigError(f"{out}: --out is the working directory or one of its parents; name a new directory")
+        raise ConfigError(f"{out}: is the working directory or one of its parents; name a new output directory")
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise ConfigError(f"{out}: cannot create the output directory, {blocker} is a file")
