@@ -49,9 +49,14 @@ def _about(where: str) -> Iterator[None]:
         raise ConfigError(f"{where}: {msg}") from None
 
 
-def _prepare(args: argparse.Namespace):
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _prepare(args: argparse.Namespace, *, capacity: str = "search"):
     """Load and check everything a run needs, so bad input fails here with the experiment
-    file named, before any simulated time passes (shared by `run` and `validate`)."""
+    file named, before any simulated time passes (shared by `run` and `validate`; only
+    `run` may search for a capacity, announcing it and each probe on stderr)."""
     from lmsim.config import load_experiment
     from lmsim.policies import POLICIES
     from lmsim.profile import load_cost_model
@@ -68,7 +73,9 @@ def _prepare(args: argparse.Namespace):
     _check_kv_pool(config, cost_model, where)
     _check_workload_source(config, where)
     with _about(where):
-        trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+        trace = load_workload_trace(
+            config, Path(args.experiment).resolve().parent, capacity=capacity, log=_stderr
+        )
     return config, trace
 
 
@@ -122,29 +129,39 @@ def _check_workload_source(config, where: str) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config, trace = _prepare(args)
+    from lmsim.study.experiment import describe_load, load_resolution
+
+    config, trace = _prepare(args, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
           f"{config.cluster.num_instances} instances)")
+    load = describe_load(load_resolution(config, trace))
+    if load:
+        print(load)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lmsim.engine.simulation import Simulation
+    from lmsim.study.experiment import describe_load, load_resolution
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
     config, trace = _prepare(args)
+    load = load_resolution(config, trace)
     out = Path(args.out or config.output.dir or Path("runs") / config.name)
     _check_output_dir(out)  # before the run, not after it has taken its time
     with _about(str(args.experiment)):
         sim = Simulation(config, trace)
         results = sim.run()
+    results.summary.update(load)
     try:
         save_run(results, out, figure=config.output.figures and not args.no_figure)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the run directory ({exc.strerror or exc})") from None
     s = results.summary
     print(format_summary(config.name, s))
+    if load:
+        print(describe_load(load))
     print(f"run directory: {out}  (total {time.perf_counter() - started:.1f}s)")
     return 0
 

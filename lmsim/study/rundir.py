@@ -120,7 +120,7 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
         pa.Table.from_pandas(_flatten_events(results.router_events), preserve_index=False),
         tmp / "router_events.parquet",
     )
-    (tmp / "config.yaml").write_text(yaml.safe_dump(results.config, sort_keys=False))
+    (tmp / "config.yaml").write_text(_load_comment(results.summary) + yaml.safe_dump(results.config, sort_keys=False))
     if figure:
         from lmsim.viz.run_cdf import plot_run_cdf
 
@@ -165,6 +165,18 @@ def requests_table(requests: pd.DataFrame) -> pa.Table:
         else:
             columns[name] = pa.array(col.to_numpy())
     return pa.table(columns)
+
+
+def _load_comment(summary: dict[str, Any]) -> str:
+    """What `workload.load` resolved to, as a comment heading config.yaml: the file stays a
+    valid experiment (re-running it resolves the load again) and says which capacity and
+    arrival rate this run used. summary.json has the same numbers as fields."""
+    if summary.get("capacity_req_s") is None:
+        return ""
+    return (
+        f"# workload.load {summary['load']:g} resolved to an arrival rate of {summary['load_rate_req_s']!r} req/s:\n"
+        f"# capacity {summary['capacity_req_s']!r} req/s ({summary['capacity_source']})\n"
+    )
 
 
 def _flatten_events(events: pd.DataFrame) -> pd.DataFrame:
