@@ -179,9 +179,20 @@ def format_summary(name: str, s: dict) -> str:
         v = s.get(key)
         return "-" if v is None else f"{1000 * v:9.1f}"
 
+    reasons = ", ".join(
+        f"{key.removeprefix('num_rejected_')} {s[key]}"
+        for key in sorted(s) if key.startswith("num_rejected_") and s[key]
+    )
+    outcomes = [
+        f"{s['num_unfinished']} unfinished",
+        f"{s['num_rejected']} rejected" + (f" ({reasons})" if reasons else ""),
+        f"{s.get('num_not_arrived', 0)} never arrived",
+    ]
+    if s.get("num_output_clipped"):
+        outcomes.append(f"{s['num_output_clipped']} outputs clipped at max_model_len {s.get('max_model_len')}")
     lines = [
         f"{name}: policy {s.get('policy')}, {s['num_finished']}/{s['num_requests']} finished, "
-        f"{s['num_unfinished']} unfinished, {s['num_rejected']} rejected, "
+        f"{', '.join(outcomes)}, "
         f"prefix hit {s['prefix_hit_ratio']:.3f}, sim {s['sim_time_s']:.1f}s, wall {s['wall_time_s']:.2f}s",
         f"{'metric':8} {'mean ms':>9} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}",
     ]

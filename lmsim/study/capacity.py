@@ -285,7 +285,7 @@ def resolve_capacity(
     if use_cache:
         _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
     if log is not None:
-        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes (cached in {CACHE_PATH})")
+        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {CACHE_PATH})" if use_cache else ""))
     return Capacity(lo, "searched", key, probes)
 
 
