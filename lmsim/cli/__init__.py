@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default: output.dir or runs/<name>)")
     p.add_argument("--check", action="store_true", help="assert engine invariants every step")
     p.add_argument("--no-figure", action="store_true", help="skip the CDF figure")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on stderr when it is a terminal and the run takes over 3 s)")
     p.set_defaults(func=cmd_run)
 
     v = subparsers.add_parser("validate", help="check an experiment without running it")
@@ -150,9 +153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     load = load_resolution(config, trace)
     out = Path(args.out or config.output.dir or Path("runs") / config.name)
     _check_output_dir(out)  # before the run, not after it has taken its time
+    from lmsim.progress import progress_bar
+
     with _about(str(args.experiment)):
         sim = Simulation(config, trace)
-        results = sim.run()
+        with progress_bar(not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3) as bar:
+            results = sim.run(progress=bar.update)
     results.summary.update(load)
     try:
         save_run(results, out, figure=config.output.figures and not args.no_figure)
@@ -217,9 +223,32 @@ def cmd_policies(args: argparse.Namespace) -> int:
             f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
             for key, p in params.items()
         )
-        print(f"{name:16} {doc[0] if doc else ''}")
+        print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
     return 0
+
+
+_DOCUMENT = re.compile(r"[\w./-]+\.(?:md|txt)\b")
+_PARENTHETICAL = re.compile(r"\s*\(([^()]*)\)")
+
+
+def document_exists(name: str) -> bool:
+    """A cited document is in the repository (a source checkout) or ships in lmsim/data."""
+    from lmsim.data import DATA_DIR
+
+    return any((base / name).is_file() for base in (DATA_DIR, DATA_DIR.parent.parent))
+
+
+def cite_only_shipped_documents(text: str) -> str:
+    """Drop a parenthetical reference to a document the user does not have (the specs
+    under ../shared/docs that docstrings cite for developers), so what the CLI prints
+    only points at files that exist."""
+
+    def keep(match: re.Match[str]) -> str:
+        cited = _DOCUMENT.findall(match.group(1))
+        return "" if cited and not all(document_exists(d) for d in cited) else match.group(0)
+
+    return _PARENTHETICAL.sub(keep, text)
 
 
 # Modules that add subcommands through `register_cli(subparsers)`.

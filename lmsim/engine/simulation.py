@@ -29,6 +29,8 @@ from lmsim.policies import POLICIES, Policy
 from lmsim.profile import StepCostModel, load_cost_model
 from lmsim.workload.trace import Trace
 
+PROGRESS_EVERY = 256  # arrivals between progress callbacks
+
 
 class _Context:
     """The RouterContext handed to policies (see policies/base.py)."""
@@ -117,6 +119,8 @@ class Simulation:
         self._arrival_event: simpy.Event | None = None
         self._arrival_time = float("inf")
         self.live = 0  # arrived and not yet finished or rejected
+        self.num_arrived = 0
+        self._progress: Callable[[int], None] | None = None
         self.last_arrival_s = 0.0
         self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
@@ -261,6 +265,9 @@ class Simulation:
             slo_class=int(self._slo_class[row]),
         )
         self.live += 1
+        self.num_arrived += 1
+        if self._progress is not None and not self.num_arrived % PROGRESS_EVERY:
+            self._progress(PROGRESS_EVERY)
         self.last_arrival_s = now
         self.last_activity_s = now
         self.recorder.arrived(request)
@@ -326,10 +333,12 @@ class Simulation:
 
     # -- running -------------------------------------------------------------------------
 
-    def run(self, stop_at_s: float | None = None) -> Results:
+    def run(self, stop_at_s: float | None = None, progress: Callable[[int], None] | None = None) -> Results:
         """Replay the workload. `stop_at_s` cuts the run at that simulated time (for callers
-        that only need to know what finished by then, like the capacity search)."""
+        that only need to know what finished by then, like the capacity search); `progress`
+        hears how many more requests arrived, every PROGRESS_EVERY arrivals."""
         self.drain_limit = self.config.simulation.drain_limit_s
+        self._progress = progress
         started = time.perf_counter()
         if stop_at_s is not None:
             schedule_at(self.env, stop_at_s, SAMPLE, self._hard_stop)
@@ -338,6 +347,8 @@ class Simulation:
             self._schedule_periodic(period, callback, 1)
         self._schedule_next_arrival()
         self.env.run()
+        if progress is not None and self.num_arrived % PROGRESS_EVERY:
+            progress(self.num_arrived % PROGRESS_EVERY)
         wall = time.perf_counter() - started
         if self.check:
             from lmsim.engine.invariants import check_end
