@@ -130,3 +130,24 @@ def test_validate_never_searches_and_run_announces_the_search(
     calls.clear()
     assert main(["validate", str(exp)]) == 0
     assert "(cached)" in capsys.readouterr().out and not calls
+
+
+def test_sweep_searches_each_missing_capacity_once_and_says_so(
+    isolated_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from lmsim.study.execute import run_sweep
+
+    raw = raw_experiment(load=0.5)
+    raw["output"] = {"figures": False}
+    raw["sweep"] = {"router.policy": ["round_robin", "vllm"]}  # one workload, two runs
+    exp = tmp_path / "sweep.yaml"
+    exp.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    outcome = run_sweep(exp, out=tmp_path / "out", progress=False)
+    assert not outcome.failed and len(outcome.executed) == 2
+    err = capsys.readouterr().err
+    assert err.count("needs a capacity no cache has") == 1
+    assert err.count("searching (up to 24 probes") == 1 and "probe 1 of at most 24" in err
+    rates = {json.loads((tmp_path / "out" / name / "summary.json").read_text())["load_rate_req_s"]
+             for name in outcome.executed}  # fmt: skip
+    assert len(rates) == 1  # both runs used the one searched capacity

@@ -82,6 +82,33 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ok": True, "wall_s": time.perf_counter() - started}
 
 
+def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
+    """Search, once and here in the parent, every capacity the runs' `load:` needs and no
+    cache has, so the search is announced with its probes on stderr and workers only look
+    it up (instead of each worker repeating the same search in silence)."""
+    from lmsim.study.capacity import CapacitySearch, cache_key, lookup_capacity, resolve_capacity
+    from lmsim.study.experiment import capacity_trace, workload_identity
+
+    seen: set[str] = set()
+    for task in tasks:
+        try:
+            config = validate(task["raw"], where=f"{task['where']} [{task['name']}]")
+            if config.workload.load is None:
+                continue
+            experiment_dir = Path(task["experiment_dir"])
+            identity = workload_identity(config, experiment_dir)
+            key = cache_key(identity, config, CapacitySearch())
+        except Exception:
+            continue  # the run itself reports what is wrong with it
+        if key in seen or lookup_capacity(key) is not None:
+            seen.add(key)
+            continue
+        seen.add(key)
+        print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
+        resolve_capacity(capacity_trace(config, experiment_dir), config, workload=identity,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+
+
 def _saved_config_matches(run_dir: Path, raw: dict[str, Any]) -> bool:
     """True when the complete run at run_dir was made from this point's config (`output`
     aside: where figures go does not change results)."""
@@ -312,6 +339,7 @@ def run_sweep(
                     "experiment_dir": experiment_dir, "out": str(out_dir),
                 })  # fmt: skip
             write_spec(out_dir, str(experiment), raw, points)
+            _resolve_capacities(todo)
             where = "Dask " + (scheduler or "LocalCluster") if executor == "dask" else f"local pool (-j {jobs})"
             print(
                 f"sweep {base_config.name}: {len(points)} runs, {len(outcome.skipped)} already complete, "
