@@ -31,7 +31,7 @@ from lmsim.workload.formats import (
 )
 from lmsim.workload.trace import Trace
 
-ROW_GROUP_IDS = 1 << 22  # ids per Parquet row group (32 MB of int64 before compression)
+ROW_GROUP_IDS = 1 << 20  # ids per Parquet row group (8 MB of int64 before compression)
 
 
 def convert_trace(
@@ -146,7 +146,7 @@ def _write_sorted(
             np.cumsum(nids[rows], out=offsets[1:])
             chunk = Trace(
                 arrival_s=arrival[rows], input_tokens=inp[rows], output_tokens=outp[rows],
-                hash_offsets=offsets, hash_values=np.concatenate(values).astype(np.int64),
+                hash_offsets=offsets, hash_values=np.concatenate(values),
                 block_size=block_size, session_id=sess[rows], parent_id=after[begin:end],
                 after_id=after[begin:end], delay_s=np.where(after[begin:end] >= 0, think[rows], 0.0),
             )  # fmt: skip
