@@ -76,6 +76,12 @@ class ClusterConfig(_Strict):
     max_waiting: int | None = Field(
         None, gt=0, description="per-instance waiting-queue cap; arrivals beyond it are rejected"
     )
+    max_model_len: int | None = Field(
+        None, gt=1,
+        description="context window (prompt + output tokens), as vLLM's --max-model-len: a prompt "
+        "of this length or longer is rejected, output stops at the window; default: the profile's "
+        "model.max_model_len if it declares one, else unchecked",
+    )
 
     @field_validator("profile")
     @classmethod

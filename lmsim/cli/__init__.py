@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true", help="assert engine invariants every step")
     p.add_argument("--no-figure", action="store_true", help="skip the CDF figure")
     add_plugin_option(p)
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on stderr when it is a terminal and the run takes over 3 s)")
     p.set_defaults(func=cmd_run)
 
     v = subparsers.add_parser("validate", help="check an experiment without running it")
@@ -57,6 +60,10 @@ def _about(where: str) -> Iterator[None]:
         raise ConfigError(f"{where}: {msg}") from None
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _load_config(args: argparse.Namespace):
     from lmsim.config import load_experiment
 
@@ -66,9 +73,10 @@ def _load_config(args: argparse.Namespace):
     return config
 
 
-def _prepare(args: argparse.Namespace, config=None):
+def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search"):
     """Load and check everything a run needs, so bad input fails here with the experiment
-    file named, before any simulated time passes (shared by `run` and `validate`)."""
+    file named, before any simulated time passes (shared by `run` and `validate`; only
+    `run` may search for a capacity, announcing it and each probe on stderr)."""
     from lmsim.policies import POLICIES
     from lmsim.profile import load_cost_model
     from lmsim.study.experiment import load_workload_trace
@@ -83,7 +91,9 @@ def _prepare(args: argparse.Namespace, config=None):
     _check_kv_pool(config, cost_model, where)
     _check_workload_source(config, where)
     with _about(where):
-        trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+        trace = load_workload_trace(
+            config, Path(args.experiment).resolve().parent, capacity=capacity, log=_stderr
+        )
     return config, trace
 
 
@@ -137,14 +147,20 @@ def _check_workload_source(config, where: str) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config, trace = _prepare(args)
+    from lmsim.study.experiment import describe_load, load_resolution
+
+    config, trace = _prepare(args, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
           f"{config.cluster.num_instances} instances)")
+    load = describe_load(load_resolution(config, trace))
+    if load:
+        print(load)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lmsim.engine.simulation import Simulation
+    from lmsim.study.experiment import describe_load, load_resolution
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
@@ -156,15 +172,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Before the workload is built (which may search a capacity) and before the run.
     out = _run_directory(config, args.out, overwrite=args.overwrite)
     config, trace = _prepare(args, config)
+    load = load_resolution(config, trace)
+    from lmsim.progress import progress_bar
+
     with _about(str(args.experiment)):
         sim = Simulation(config, trace)
-        results = sim.run()
+        with progress_bar(not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3) as bar:
+            results = sim.run(progress=bar.update)
+    results.summary.update(load)
     try:
         save_run(results, out, figure=config.output.figures and not args.no_figure)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the run directory ({exc.strerror or exc})") from None
     s = results.summary
     print(format_summary(config.name, s))
+    if load:
+        print(describe_load(load))
     print(f"run directory: {out}  (total {time.perf_counter() - started:.1f}s)")
     return 0
 
@@ -212,9 +235,20 @@ def format_summary(name: str, s: dict) -> str:
         v = s.get(key)
         return "-" if v is None else f"{1000 * v:9.1f}"
 
+    reasons = ", ".join(
+        f"{key.removeprefix('num_rejected_')} {s[key]}"
+        for key in sorted(s) if key.startswith("num_rejected_") and s[key]
+    )
+    outcomes = [
+        f"{s['num_unfinished']} unfinished",
+        f"{s['num_rejected']} rejected" + (f" ({reasons})" if reasons else ""),
+        f"{s.get('num_not_arrived', 0)} never arrived",
+    ]
+    if s.get("num_output_clipped"):
+        outcomes.append(f"{s['num_output_clipped']} outputs clipped at max_model_len {s.get('max_model_len')}")
     lines = [
         f"{name}: policy {s.get('policy')}, {s['num_finished']}/{s['num_requests']} finished, "
-        f"{s['num_unfinished']} unfinished, {s['num_rejected']} rejected, "
+        f"{', '.join(outcomes)}, "
         f"prefix hit {s['prefix_hit_ratio']:.3f}, sim {s['sim_time_s']:.1f}s, wall {s['wall_time_s']:.2f}s",
         f"{'metric':8} {'mean ms':>9} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}",
     ]
@@ -239,9 +273,32 @@ def cmd_policies(args: argparse.Namespace) -> int:
             f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
             for key, p in params.items()
         )
-        print(f"{name:16} {doc[0] if doc else ''}")
+        print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
     return 0
+
+
+_DOCUMENT = re.compile(r"[\w./-]+\.(?:md|txt)\b")
+_PARENTHETICAL = re.compile(r"\s*\(([^()]*)\)")
+
+
+def document_exists(name: str) -> bool:
+    """A cited document is in the repository (a source checkout) or ships in lmsim/data."""
+    from lmsim.data import DATA_DIR
+
+    return any((base / name).is_file() for base in (DATA_DIR, DATA_DIR.parent.parent))
+
+
+def cite_only_shipped_documents(text: str) -> str:
+    """Drop a parenthetical reference to a document the user does not have (the specs
+    under ../shared/docs that docstrings cite for developers), so what the CLI prints
+    only points at files that exist."""
+
+    def keep(match: re.Match[str]) -> str:
+        cited = _DOCUMENT.findall(match.group(1))
+        return "" if cited and not all(document_exists(d) for d in cited) else match.group(0)
+
+    return _PARENTHETICAL.sub(keep, text)
 
 
 # Modules that add subcommands through `register_cli(subparsers)`.

@@ -9,7 +9,7 @@ from lmsim.cli.options import add_plugin_option
 from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
 from lmsim.study.bundle import bundle_experiments
-from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, find_capacity
+from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, resolve_capacity
 
 
 def register_cli(subparsers: Any) -> None:
@@ -22,17 +22,22 @@ def register_cli(subparsers: Any) -> None:
                    help="measure every load point of the experiments (sweeps expanded) and record "
                         "them in experiments/capacity.json (shipped with lmsim; only from a source "
                         "checkout)")
+    p.add_argument("--refresh", action="store_true",
+                   help="with --bundle: search every capacity again (after an engine change) and "
+                        "drop entries the given experiments do not need")
     add_plugin_option(p)
     p.set_defaults(func=cmd_capacity)
 
 
 def cmd_capacity(args: Any) -> int:
     from lmsim.config import load_experiment
-    from lmsim.study.experiment import load_workload_trace
+    from lmsim.study.experiment import load_workload_trace, workload_identity
 
+    if args.refresh and not args.bundle:
+        raise ConfigError("capacity: --refresh needs --bundle")
     if args.bundle:
         check_source_checkout(BUNDLED_PATH, "capacity --bundle")
-        count = bundle_experiments(args.experiment)
+        count = bundle_experiments(args.experiment, refresh=args.refresh)
         print(f"{count} capacities recorded in {BUNDLED_PATH}")
         return 0
     if len(args.experiment) > 1:
@@ -41,10 +46,17 @@ def cmd_capacity(args: Any) -> int:
 
     overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null"]
     config, _ = load_experiment(args.experiment, overrides)
-    trace = load_workload_trace(config, Path(args.experiment).resolve().parent)
+    experiment_dir = Path(args.experiment).resolve().parent
+    trace = load_workload_trace(config, experiment_dir)
     search = CapacitySearch(probe_requests=args.probe_requests)
-    print(f"{args.experiment}: searching capacity on the first {min(len(trace), search.probe_requests)} requests "
+    print(f"{args.experiment}: capacity on the first {min(len(trace), search.probe_requests)} requests "
           f"({config.cluster.num_instances} x {config.cluster.profile})")
-    rate, probes = find_capacity(trace, config, search, use_cache=not args.no_cache, log=print)
-    print(f"capacity: {rate:.3f} req/s ({len(probes)} probes); load 0.5 = {rate / 2:.3f} req/s")
+    found = resolve_capacity(
+        trace, config, search, workload=workload_identity(config, experiment_dir),
+        use_cache=not args.no_cache, log=print,
+    )  # fmt: skip
+    rate = found.rate
+    assert rate is not None
+    print(f"capacity: {rate:.4g} req/s ({found.source}, {len(found.probes)} probes); "
+          f"load 0.5 = {rate / 2:.4g} req/s")
     return 0

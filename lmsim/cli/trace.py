@@ -36,13 +36,15 @@ def register_cli(subparsers: Any) -> None:
     add_overwrite_option(conv, "--out file lmsim did not write")
     conv.add_argument("--skip-bad-rows", action="store_true",
                       help="skip and count malformed rows instead of stopping")
+    conv.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     conv.set_defaults(func=cmd_convert)
 
-    st = sub.add_parser("stats", help="print the traces.md §2 statistics of a trace")
+    st = sub.add_parser("stats", help="print a trace's request, length, arrival and prefix-reuse statistics")
     st.add_argument("trace", metavar="TRACE")
     st.add_argument("--format", choices=FORMATS.names(), default=None)
     st.add_argument("--skip-bad-rows", action="store_true")
     st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     st.set_defaults(func=cmd_stats)
 
     pl = sub.add_parser("plot", help="arrival rate over time and length CDFs")
@@ -64,12 +66,19 @@ def register_cli(subparsers: Any) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from lmsim.workload.convert import convert_trace
+    from lmsim.workload.formats import infer_format
+
+    if not str(args.out).endswith(".parquet"):
+        raise ConfigError(f"{args.out}: --out must name a .parquet file (the canonical trace format)")
     check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
-    trace = load_trace(args.input, format=args.format, skip_bad_rows=args.skip_bad_rows)
-    trace.save(args.out)
-    skipped = int(trace.meta.get("skipped_rows", "0"))
+    fmt = args.format or infer_format(Path(args.input))
+    print(f"{args.input}: format {fmt}" + ("" if args.format else " (detected)"), flush=True)
+    _fmt, count, skipped = convert_trace(
+        args.input, args.out, format=fmt, skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress
+    )
     note = f" ({skipped} bad rows skipped)" if skipped else ""
-    print(f"wrote {len(trace)} requests to {args.out}{note}")
+    print(f"wrote {count} requests to {args.out}{note}")
     return 0
 
 
@@ -80,7 +89,8 @@ def _jsonable(v: Any) -> Any:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows)
+    trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows,
+                       progress=not args.no_progress)
     stats = trace_stats(trace)
     if args.json:
         print(json.dumps({k: _jsonable(v) for k, v in stats.items()}, indent=1))

@@ -7,7 +7,13 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
   `e2e_s` = c_r - a_r; `queue_s` = s_r - a_r.
 * `cached_tokens`: prefix-cache hit at the request's first admission.
 * `status`: `finished`, `unfinished` (still in the system when the run stopped), `rejected`
-  (waiting queue full) or `not_arrived` (a closed-loop step whose predecessor never finished).
+  or `not_arrived` (a closed-loop step whose predecessor never finished or was rejected).
+* `reject_reason` (null unless rejected): `queue_full` (the instance's waiting queue was at
+  `cluster.max_waiting`), `prompt_too_long` (prompt >= `cluster.max_model_len`, refused
+  before routing as vLLM's input processor does) or `exceeds_kv_cache` (prompt + output
+  needs more blocks than the instance's whole KV pool: it could never finish).
+* `output_tokens` is what the request generates: the trace's count, clipped to
+  `max_model_len - input_tokens` (vLLM stops a request whose length reaches max_model_len).
 
 Columns are numpy arrays indexed by request id (trace row), so recording is O(1) and no
 per-request object outlives its request. Nothing here writes files.
@@ -21,11 +27,18 @@ from lmsim.engine.request import Request
 
 NOT_ARRIVED, UNFINISHED, FINISHED, REJECTED = 0, 1, 2, 3
 STATUS_NAMES = {NOT_ARRIVED: "not_arrived", UNFINISHED: "unfinished", FINISHED: "finished", REJECTED: "rejected"}
+NO_REASON, QUEUE_FULL, PROMPT_TOO_LONG, EXCEEDS_KV_CACHE = 0, 1, 2, 3
+REJECT_REASONS = {QUEUE_FULL: "queue_full", PROMPT_TOO_LONG: "prompt_too_long", EXCEEDS_KV_CACHE: "exceeds_kv_cache"}
 
 
 class Recorder:
-    def __init__(self, num_requests: int) -> None:
+    def __init__(self, num_requests: int, output_tokens: np.ndarray | None = None) -> None:
         n = num_requests
+        self.output_tokens = (
+            np.zeros(n, dtype=np.int64) if output_tokens is None else np.array(output_tokens, dtype=np.int64)
+        )
+        self.num_output_clipped = 0
+        self.reject_reason = np.zeros(n, dtype=np.int8)
         nan = np.full(n, np.nan)
         self.arrived_at = nan.copy()
         self.routed_at = nan.copy()
@@ -43,9 +56,14 @@ class Recorder:
         self.arrived_at[request.request_id] = request.arrived_at
         self.status[request.request_id] = UNFINISHED
 
-    def rejected(self, request: Request) -> None:
+    def rejected(self, request: Request, reason: int) -> None:
         self.store(request)
         self.status[request.request_id] = REJECTED
+        self.reject_reason[request.request_id] = reason
+
+    def clipped(self, request: Request) -> None:
+        self.output_tokens[request.request_id] = request.output_tokens
+        self.num_output_clipped += 1
 
     def finished(self, request: Request) -> None:
         self.store(request)

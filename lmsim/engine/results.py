@@ -12,9 +12,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmsim.engine.metrics import FINISHED, REJECTED, STATUS_NAMES, UNFINISHED
+from lmsim.engine.metrics import (
+    FINISHED,
+    NOT_ARRIVED,
+    REJECT_REASONS,
+    REJECTED,
+    STATUS_NAMES,
+    UNFINISHED,
+)
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+# Identifiers that may be unknown: pandas' nullable Int64 in memory, int64 with nulls on
+# disk, never float64 with NaN (see study/rundir.py). Unknown is always null.
+NULLABLE_INT_COLUMNS = ("instance_id", "cached_tokens", "session_id", "class_id")
+
+
+def nullable_int(values: np.ndarray) -> pd.arrays.IntegerArray:
+    """-1 (the engine's and the trace's "none") becomes null."""
+    values = np.asarray(values, dtype=np.int64)
+    return pd.arrays.IntegerArray(values, values < 0)
 
 
 @dataclass
@@ -35,7 +51,7 @@ class Results:
             pred = events[events["kind"] == "ttft_prediction"]
             if len(pred) and {"request_id", "predicted_ttft_s"} <= set(pred.columns):
                 predicted[pred["request_id"].to_numpy(dtype=np.int64)] = pred["predicted_ttft_s"].to_numpy()
-        out = trace.output_tokens
+        out = rec.output_tokens
         ttft = rec.first_token_at - rec.arrived_at
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(out > 1, (rec.finished_at - rec.first_token_at) / (out - 1), np.nan)
@@ -47,20 +63,23 @@ class Results:
                 "first_scheduled_at": rec.first_scheduled_at,
                 "first_token_at": rec.first_token_at,
                 "finished_at": rec.finished_at,
-                "instance_id": rec.instance_id,
+                "instance_id": nullable_int(rec.instance_id),
                 "input_tokens": trace.input_tokens,
                 "output_tokens": out,
-                "cached_tokens": rec.cached_tokens,
+                "cached_tokens": nullable_int(rec.cached_tokens),
                 "num_preemptions": rec.num_preemptions,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
                 "e2e_s": rec.finished_at - rec.arrived_at,
                 "queue_s": rec.first_scheduled_at - rec.arrived_at,
                 "predicted_ttft_s": predicted,
-                "session_id": trace.column("session_id"),
-                "class_id": trace.column("class_id"),
-                "status": pd.Categorical(
-                    [STATUS_NAMES[int(s)] for s in rec.status], categories=list(STATUS_NAMES.values())
+                "session_id": nullable_int(trace.column("session_id")),
+                "class_id": nullable_int(trace.column("class_id")),
+                "status": pd.Categorical.from_codes(  # codes are the status numbers 0..3
+                    rec.status.astype(np.int64), categories=list(STATUS_NAMES.values())
+                ),
+                "reject_reason": pd.Categorical.from_codes(
+                    rec.reject_reason.astype(np.int64) - 1, categories=list(REJECT_REASONS.values())
                 ),
             }
         )
@@ -78,6 +97,8 @@ class Results:
             ],
         )
         summary = summarize(requests, rec.status)
+        summary["num_output_clipped"] = rec.num_output_clipped
+        summary["max_model_len"] = sim.max_model_len
         summary.update(
             {
                 "sim_time_s": float(sim.last_activity_s),
@@ -104,8 +125,11 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
         "num_finished": int((status == FINISHED).sum()),
         "num_unfinished": int((status == UNFINISHED).sum()),
         "num_rejected": int((status == REJECTED).sum()),
-        "num_not_arrived": int((status == 0).sum()),
+        "num_not_arrived": int((status == NOT_ARRIVED).sum()),
     }
+    reasons = requests.get("reject_reason")
+    for name in REJECT_REASONS.values():
+        summary[f"num_rejected_{name}"] = int((reasons == name).sum()) if reasons is not None else 0
     for metric in LATENCY_METRICS:
         values = finished[metric].to_numpy(dtype=float)
         values = values[~np.isnan(values)]
@@ -119,8 +143,9 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
             }
         for key in ("mean", "p50", "p90", "p99"):
             summary[f"{metric}_{key}"] = stats.get(key)
-    admitted = requests["cached_tokens"].to_numpy() >= 0
+    cached = requests["cached_tokens"]
+    admitted = cached.notna().to_numpy()
     input_total = requests["input_tokens"].to_numpy()[admitted].sum()
-    cached_total = requests["cached_tokens"].to_numpy()[admitted].sum()
+    cached_total = cached.to_numpy(dtype=np.int64, na_value=0)[admitted].sum()
     summary["prefix_hit_ratio"] = float(cached_total / input_total) if input_total else 0.0
     return summary

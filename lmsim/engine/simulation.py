@@ -19,7 +19,7 @@ from lmsim.config import ExperimentConfig
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.instance import Instance
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
-from lmsim.engine.metrics import Recorder
+from lmsim.engine.metrics import EXCEEDS_KV_CACHE, PROMPT_TOO_LONG, QUEUE_FULL, Recorder
 from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
@@ -28,6 +28,8 @@ from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
 from lmsim.profile import StepCostModel, load_cost_model
 from lmsim.workload.trace import Trace
+
+PROGRESS_EVERY = 256  # arrivals between progress callbacks
 
 
 class _Context:
@@ -71,7 +73,8 @@ class Simulation:
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self.router_events: list[dict[str, Any]] = []
         self.index = GlobalPrefixIndex(cfg.num_instances)
-        self.recorder = Recorder(len(trace))
+        self.recorder = Recorder(len(trace), trace.output_tokens)
+        self.max_model_len = cfg.max_model_len or getattr(self.cost_model, "max_model_len", None)
         self.check = config.simulation.check
         self._periodic: list[tuple[float, Callable[[float], None]]] = []
 
@@ -116,6 +119,8 @@ class Simulation:
         self._arrival_event: simpy.Event | None = None
         self._arrival_time = float("inf")
         self.live = 0  # arrived and not yet finished or rejected
+        self.num_arrived = 0
+        self._progress: Callable[[int], None] | None = None
         self.last_arrival_s = 0.0
         self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
@@ -242,11 +247,16 @@ class Simulation:
         ids = trace.hash_ids(row)
         bs = self.config.cluster.block_size
         input_tokens = int(trace.input_tokens[row])
+        output_tokens = int(trace.output_tokens[row])
+        limit = self.max_model_len
+        clipped = limit is not None and input_tokens < limit < input_tokens + output_tokens
+        if clipped:
+            output_tokens = limit - input_tokens
         request = Request(
             request_id=row,
             arrived_at=now,
             input_tokens=input_tokens,
-            output_tokens=int(trace.output_tokens[row]),
+            output_tokens=output_tokens,
             block_hashes=engine_block_hashes(ids, trace.block_size, input_tokens, bs),
             trace_hash_ids=ids,
             session_id=int(self._session_id[row]),
@@ -255,9 +265,20 @@ class Simulation:
             slo_class=int(self._slo_class[row]),
         )
         self.live += 1
+        self.num_arrived += 1
+        if self._progress is not None and not self.num_arrived % PROGRESS_EVERY:
+            self._progress(PROGRESS_EVERY)
         self.last_arrival_s = now
         self.last_activity_s = now
         self.recorder.arrived(request)
+        if limit is not None and input_tokens >= limit:
+            # vLLM's input processor refuses a prompt that leaves no room for one output
+            # token (prompt_len >= max_model_len) before any router or engine sees it.
+            self._reject(request, PROMPT_TOO_LONG)
+            return
+        if clipped:
+            # vLLM stops a request once prompt + output reaches max_model_len.
+            self.recorder.clipped(request)
         self.router.route(request, now)
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
@@ -268,12 +289,15 @@ class Simulation:
         too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > self.num_blocks
         waiting = self.instances[instance_id].scheduler.num_waiting
         if too_long or (cap is not None and waiting >= cap):
-            request.state = RequestState.REJECTED
-            self.recorder.rejected(request)
-            self.live -= 1
-            self._release_children(request, self.env.now)
+            self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
             return False
         return True
+
+    def _reject(self, request: Request, reason: int) -> None:
+        request.state = RequestState.REJECTED
+        self.recorder.rejected(request, reason)
+        self.live -= 1
+        self._release_children(request, self.env.now)
 
     def _release_children(self, request: Request, now: float) -> None:
         if request.state is not RequestState.FINISHED:
@@ -309,10 +333,12 @@ class Simulation:
 
     # -- running -------------------------------------------------------------------------
 
-    def run(self, stop_at_s: float | None = None) -> Results:
+    def run(self, stop_at_s: float | None = None, progress: Callable[[int], None] | None = None) -> Results:
         """Replay the workload. `stop_at_s` cuts the run at that simulated time (for callers
-        that only need to know what finished by then, like the capacity search)."""
+        that only need to know what finished by then, like the capacity search); `progress`
+        hears how many more requests arrived, every PROGRESS_EVERY arrivals."""
         self.drain_limit = self.config.simulation.drain_limit_s
+        self._progress = progress
         started = time.perf_counter()
         if stop_at_s is not None:
             schedule_at(self.env, stop_at_s, SAMPLE, self._hard_stop)
@@ -321,6 +347,8 @@ class Simulation:
             self._schedule_periodic(period, callback, 1)
         self._schedule_next_arrival()
         self.env.run()
+        if progress is not None and self.num_arrived % PROGRESS_EVERY:
+            progress(self.num_arrived % PROGRESS_EVERY)
         wall = time.perf_counter() - started
         if self.check:
             from lmsim.engine.invariants import check_end

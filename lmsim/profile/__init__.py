@@ -14,7 +14,7 @@ from lmsim.data import PROFILES_DIR
 from lmsim.errors import ProfileError
 from lmsim.profile.base import LinearCostModel, StepCostModel
 
-__all__ = ["PROFILES_DIR", "LinearCostModel", "StepCostModel", "load_cost_model"]
+__all__ = ["PROFILES_DIR", "LinearCostModel", "StepCostModel", "load_cost_model", "profile_identity"]
 
 
 def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
@@ -32,3 +32,29 @@ def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
     )
 
     return load_table_profile(spec)
+
+
+def profile_identity(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """What makes two profiles price steps the same: an inline profile's fields, or a table
+    profile's name plus a digest of its cost-bearing content (the four CSV tables and the
+    `hardware`, `model`, `memory`, `step` sections). Provenance (dates, paths) is left out,
+    so regenerating identical tables keeps every capacity keyed to them."""
+    if isinstance(spec, dict):
+        return {"inline": dict(sorted(spec.items()))}
+    import hashlib
+    import json
+
+    import yaml
+
+    from lmsim.profile.tables import TABLE_FILES, resolve_profile
+
+    path = resolve_profile(spec)
+    meta = yaml.safe_load(path.read_text()) or {}
+    digest = hashlib.sha256()
+    facts = {k: meta.get(k) for k in ("hardware", "model", "memory", "step")}
+    digest.update(json.dumps(facts, sort_keys=True, default=str).encode())
+    for kind in sorted(TABLE_FILES):
+        table = path.parent / (meta.get("tables") or {}).get(kind, TABLE_FILES[kind])
+        digest.update(kind.encode())
+        digest.update(table.read_bytes().replace(b"\r\n", b"\n"))
+    return {"name": meta.get("name", str(spec)), "sha256": digest.hexdigest()[:16]}

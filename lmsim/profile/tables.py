@@ -165,6 +165,10 @@ class TableCostModel:
         self._weights = float(m["model"]["weight_bytes"])
         self._overhead_gib = float(m["memory"]["non_kv_overhead_gib"])
         self._kv_per_token = int(m["model"]["kv_bytes_per_token"])
+        # The model's context window when the profile declares one (vLLM's default
+        # max_model_len); None leaves prompt and output lengths unchecked.
+        declared = m["model"].get("max_model_len")
+        self.max_model_len = int(declared) if declared else None
         self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
 
     def __repr__(self) -> str:

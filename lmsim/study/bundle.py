@@ -3,6 +3,8 @@ fresh clone never searches."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,34 +15,49 @@ from lmsim.study.capacity import (
     _read_cache,
     _write_cache,
     cache_key,
-    find_capacity,
+    key_payload,
+    resolve_capacity,
 )
 from lmsim.study.expand import load_sweep
-from lmsim.study.experiment import capacity_trace
+from lmsim.study.experiment import capacity_trace, workload_identity
 
 
-def bundle_experiments(paths: list[str], log: Any = print) -> int:
+def bundle_experiments(paths: list[str], log: Any = print, *, refresh: bool = False) -> int:
     """Measure, and record in experiments/capacity.json, the capacity every `load:` point of
-    the given experiments (sweeps expanded) will ask for. Returns how many were measured."""
+    the given experiments (sweeps expanded) will ask for. Returns how many keys they need.
+
+    With `refresh`, every capacity is searched again (the key does not cover the engine, so
+    an engine change needs this) and entries no given experiment needs are dropped."""
     done: set[str] = set()
-    bundled = _read_cache(BUNDLED_PATH)
+    bundled = {} if refresh else _read_cache(BUNDLED_PATH)
+    search = CapacitySearch()
     for path in paths:
         _raw, points = load_sweep(path)
+        experiment_dir = Path(path).resolve().parent
         for point in points:
             config = validate(point.raw, where=f"{path} [{point.name}]")
             if config.workload.load is None:
                 continue
-            trace = capacity_trace(config, Path(path).resolve().parent)
-            search = CapacitySearch()
-            key = cache_key(trace.head(search.probe_requests), config, search)
+            identity = workload_identity(config, experiment_dir)
+            key = cache_key(identity, config, search)
             if key in done:
                 continue
             done.add(key)
             if key in bundled:
-                log(f"{path} [{point.name}]: bundled already ({bundled[key]['rate']:.3f} req/s)")
+                log(f"{path} [{point.name}]: bundled already ({bundled[key]['rate']:.4g} req/s)")
                 continue
-            rate, probes = find_capacity(trace, config, search)
-            _write_cache(key, {"rate": rate, "probes": [p.__dict__ for p in probes]}, BUNDLED_PATH)
-            bundled[key] = {"rate": rate}
-            log(f"{path} [{point.name}]: {rate:.3f} req/s ({len(probes)} probes)")
+            trace = capacity_trace(config, experiment_dir)
+            found = resolve_capacity(trace, config, search, workload=identity, use_cache=False, log=log)
+            entry = {
+                "rate": found.rate, "probes": [p.__dict__ for p in found.probes],
+                "identity": key_payload(identity, config, search),
+            }  # fmt: skip
+            _write_cache(key, entry, BUNDLED_PATH)
+            bundled[key] = entry
+            log(f"{path} [{point.name}]: {found.rate:.4g} req/s ({len(found.probes)} probes)")
+    if refresh:
+        kept = {k: v for k, v in _read_cache(BUNDLED_PATH).items() if k in done}
+        tmp = BUNDLED_PATH.with_name(f".{BUNDLED_PATH.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, BUNDLED_PATH)
     return len(done)

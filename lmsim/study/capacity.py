@@ -19,10 +19,15 @@ Sustainability criterion (documented in the README): a rate is sustainable when
 At an overloaded rate the backlog grows over the run, so TTFT grows and the drain takes
 far longer than any single request; below capacity TTFT is flat and the drain is short.
 
-Results are cached in `~/.cache/lmsim/capacity.json`, keyed by a digest of the probe trace,
-the profile and every cluster field that affects service, and the criterion's parameters.
-`experiments/capacity.json` ships the capacities of the bundled experiments under the same
-keys (`lmsim capacity EXP --bundle` adds one), so a fresh clone does not search again.
+Results are cached in `~/.cache/lmsim/capacity.json` and shipped for the bundled
+experiments in `experiments/capacity.json` (`lmsim capacity --bundle EXP ...` adds them).
+The key is a digest of what DEFINES the measurement, never of the generated numbers (whose
+last bits may differ between numpy builds): the workload's identity (generator name,
+version, parameters and seed, or a trace file's content digest and format; plus the
+window and sampling that shape it), the cluster fields that affect service, the profile's
+identity (name and a digest of its tables), the search parameters, `CRITERION_VERSION`
+and the reference policy. A cluster field left at None is omitted, so adding an optional
+field to the schema does not invalidate every shipped capacity.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +52,9 @@ from lmsim.workload.trace import Trace
 CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
 BUNDLED_PATH = BUNDLED_CAPACITIES
 CRITERION_VERSION = 4
+# The policy whose sustainable rate defines "capacity" (the study's vLLM JSQ router). A
+# parameter everywhere below, so a config field can choose another without re-keying.
+REFERENCE_POLICY = "vllm"
 
 
 @dataclass(frozen=True)
@@ -65,9 +75,21 @@ class Probe:
     reason: str
 
 
-def probe_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The experiment as the search replays it: the vllm policy, exact views, no checks."""
-    router = config.router.model_copy(update={"policy": "vllm", "params": {}, "view": {}})
+@dataclass
+class Capacity:
+    """A resolved capacity: `rate` (None when not known and no search was allowed) and where
+    it came from: `shipped` (experiments/capacity.json), `cached` (the user cache),
+    `searched` (measured now) or `missing`."""
+
+    rate: float | None
+    source: str
+    key: str
+    probes: list[Probe] = field(default_factory=list)
+
+
+def probe_config(config: ExperimentConfig, policy: str = REFERENCE_POLICY) -> ExperimentConfig:
+    """The experiment as the search replays it: the reference policy, exact views, no checks."""
+    router = config.router.model_copy(update={"policy": policy, "params": {}, "view": {}})
     sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
     return config.model_copy(update={"router": router, "simulation": sim})
 
@@ -102,7 +124,9 @@ def idle_arrivals(trace: Trace, service: dict[tuple[int, int], float]) -> np.nda
     return arrive
 
 
-def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> tuple[bool, str]:
+def is_sustainable(
+    trace: Trace, config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+) -> tuple[bool, str]:
     from lmsim.engine.simulation import Simulation
     from lmsim.profile import load_cost_model
 
@@ -114,7 +138,7 @@ def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearc
         for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
     }
     drain = search.drain_factor * max(service.values()) + search.drain_slack_s
-    cfg = probe_config(config)
+    cfg = probe_config(config, policy)
     cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
     # Lateness is judged against the last arrival the trace would have on an idle cluster:
     # in a closed-loop trace an overloaded cluster also delays the arrivals themselves, so
@@ -139,17 +163,42 @@ def is_sustainable(trace: Trace, config: ExperimentConfig, search: CapacitySearc
     return True, "ok"
 
 
-def cache_key(trace: Trace, config: ExperimentConfig, search: CapacitySearch) -> str:
+def trace_identity(trace: Trace) -> dict[str, Any]:
+    """Identity of a trace known only by its content (library callers that pass a Trace):
+    a digest of its columns. Prefer a workload identity (`study.experiment.workload_identity`),
+    which does not depend on how the numbers were computed."""
     digest = hashlib.sha256()
     for array in (trace.arrival_s, trace.input_tokens, trace.output_tokens, trace.hash_offsets, trace.hash_values,
                   trace.column("after_id"), trace.column("delay_s")):
         digest.update(np.ascontiguousarray(array).tobytes())
     digest.update(str(trace.block_size).encode())
-    cluster = config.cluster.model_dump(mode="json")
-    cluster.pop("max_waiting", None)
-    payload = {"cluster": cluster, "search": search.__dict__, "version": CRITERION_VERSION}
-    digest.update(json.dumps(payload, sort_keys=True).encode())
-    return digest.hexdigest()[:32]
+    return {"trace_sha256": digest.hexdigest()}
+
+
+def key_payload(
+    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+) -> dict[str, Any]:
+    """Everything a capacity depends on, as plain data (stored beside bundled capacities)."""
+    from lmsim.profile import profile_identity
+
+    cluster = {k: v for k, v in config.cluster.model_dump(mode="json").items() if v is not None}
+    cluster.pop("max_waiting", None)  # the probe replays without a queue cap
+    cluster.pop("profile", None)
+    return {
+        "workload": workload,
+        "cluster": cluster,
+        "profile": profile_identity(config.cluster.profile),
+        "search": dict(search.__dict__),
+        "criterion": CRITERION_VERSION,
+        "policy": policy,
+    }
+
+
+def cache_key(
+    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+) -> str:
+    payload = key_payload(workload, config, search, policy)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _read_cache(path: Path = CACHE_PATH) -> dict[str, Any]:
@@ -168,32 +217,52 @@ def _write_cache(key: str, value: dict[str, Any], path: Path = CACHE_PATH) -> No
     os.replace(tmp, path)
 
 
-def find_capacity(
+def lookup_capacity(key: str) -> Capacity | None:
+    """The user cache first (a local re-measurement wins), then the shipped capacities."""
+    for path, source in ((None, "cached"), (BUNDLED_PATH, "shipped")):
+        entry = (_read_cache() if path is None else _read_cache(path)).get(key)
+        if entry is not None:
+            return Capacity(float(entry["rate"]), source, key, [Probe(**p) for p in entry.get("probes", [])])
+    return None
+
+
+def resolve_capacity(
     trace: Trace,
     config: ExperimentConfig,
     search: CapacitySearch | None = None,
     *,
+    workload: dict[str, Any] | None = None,
+    policy: str = REFERENCE_POLICY,
     use_cache: bool = True,
-    log: Any = None,
-) -> tuple[float, list[Probe]]:
-    """Maximum sustainable mean arrival rate (req/s) of `trace` on `config`'s cluster."""
+    allow_search: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Capacity:
+    """The capacity of `trace` on `config`'s cluster: looked up, else searched (announced
+    through `log`, one line per probe), else `missing` when `allow_search` is False."""
     search = search or CapacitySearch()
     probe = trace.head(search.probe_requests)
     if len(probe) < 8:
         raise ConfigError("workload: capacity search needs at least 8 requests")
-    key = cache_key(probe, config, search)
+    key = cache_key(workload if workload is not None else trace_identity(probe), config, search, policy)
     if use_cache:
-        cached = _read_cache().get(key) or _read_cache(BUNDLED_PATH).get(key)
-        if cached is not None:
-            return float(cached["rate"]), [Probe(**p) for p in cached["probes"]]
+        found = lookup_capacity(key)
+        if found is not None:
+            return found
+    if not allow_search:
+        return Capacity(None, "missing", key)
+    if log is not None:
+        log(f"capacity: none shipped or cached for this workload and cluster; searching "
+            f"(up to {search.max_probes} probes of {len(probe)} requests under {policy!r})")
     base = mean_rate(probe)
     probes: list[Probe] = []
 
     def test(rate: float) -> bool:
-        ok, reason = is_sustainable(scale_to_rate(probe, rate), config, search)
+        started = time.perf_counter()
+        ok, reason = is_sustainable(scale_to_rate(probe, rate), config, search, policy)
         probes.append(Probe(rate, ok, reason))
         if log is not None:
-            log(f"  rate {rate:10.3f} req/s: {'sustainable' if ok else 'not sustainable'} ({reason})")
+            log(f"capacity: probe {len(probes)} of at most {search.max_probes}: {rate:.4g} req/s "
+                f"{'sustainable' if ok else 'NOT sustainable'} ({reason}; {time.perf_counter() - started:.0f}s)")
         return ok
 
     lo, hi = None, None
@@ -215,4 +284,24 @@ def find_capacity(
             hi = mid
     if use_cache:
         _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
-    return lo, probes
+    if log is not None:
+        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {CACHE_PATH})" if use_cache else ""))
+    return Capacity(lo, "searched", key, probes)
+
+
+def find_capacity(
+    trace: Trace,
+    config: ExperimentConfig,
+    search: CapacitySearch | None = None,
+    *,
+    use_cache: bool = True,
+    log: Any = None,
+    workload: dict[str, Any] | None = None,
+    policy: str = REFERENCE_POLICY,
+) -> tuple[float, list[Probe]]:
+    """Maximum sustainable mean arrival rate (req/s) of `trace` on `config`'s cluster."""
+    found = resolve_capacity(
+        trace, config, search, workload=workload, policy=policy, use_cache=use_cache, log=log
+    )
+    assert found.rate is not None
+    return found.rate, found.probes

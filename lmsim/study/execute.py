@@ -54,19 +54,27 @@ class SweepInterrupted(BaseException):
 # -- one run -----------------------------------------------------------------------------
 
 
+def _log_to_stderr(name: str) -> Callable[[str], None]:
+    def log(line: str) -> None:
+        print(f"[{name}] {line}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
     """Run one point and save it; never raises for a failing run (the error is returned), so
     both executors report failures the same way. Executed in a worker process."""
     from lmsim.engine.simulation import Simulation
-    from lmsim.study.experiment import load_workload_trace
+    from lmsim.study.experiment import load_resolution, load_workload_trace
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
     name = task["name"]
     try:
         config = validate(task["raw"], where=f"{task['where']} [{name}]")
-        trace = load_workload_trace(config, Path(task["experiment_dir"]))
+        trace = load_workload_trace(config, Path(task["experiment_dir"]), log=_log_to_stderr(name))
         results = Simulation(config, trace).run()
+        results.summary.update(load_resolution(config, trace))
         save_run(results, Path(task["out"]) / name, figure=config.output.figures)
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
@@ -77,6 +85,33 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
             "traceback": traceback.format_exc(),
         }
     return {"name": name, "ok": True, "wall_s": time.perf_counter() - started}
+
+
+def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
+    """Search, once and here in the parent, every capacity the runs' `load:` needs and no
+    cache has, so the search is announced with its probes on stderr and workers only look
+    it up (instead of each worker repeating the same search in silence)."""
+    from lmsim.study.capacity import CapacitySearch, cache_key, lookup_capacity, resolve_capacity
+    from lmsim.study.experiment import capacity_trace, workload_identity
+
+    seen: set[str] = set()
+    for task in tasks:
+        try:
+            config = validate(task["raw"], where=f"{task['where']} [{task['name']}]")
+            if config.workload.load is None:
+                continue
+            experiment_dir = Path(task["experiment_dir"])
+            identity = workload_identity(config, experiment_dir)
+            key = cache_key(identity, config, CapacitySearch())
+        except Exception:
+            continue  # the run itself reports what is wrong with it
+        if key in seen or lookup_capacity(key) is not None:
+            seen.add(key)
+            continue
+        seen.add(key)
+        print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
+        resolve_capacity(capacity_trace(config, experiment_dir), config, workload=identity,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
 
 
 def _saved_config_matches(run_dir: Path, raw: dict[str, Any]) -> bool:
@@ -303,6 +338,7 @@ def run_sweep(
                     "experiment_dir": experiment_dir, "out": str(out_dir),
                 })  # fmt: skip
             write_spec(out_dir, str(experiment), raw, points)
+            _resolve_capacities(todo)
             where = "Dask " + (scheduler or "LocalCluster") if executor == "dask" else f"local pool (-j {jobs})"
             print(
                 f"sweep {base_config.name}: {len(points)} runs, {len(outcome.skipped)} already complete, "

@@ -3,7 +3,11 @@ load or generate, cut (window, limit), then scale the arrival process."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,7 +29,59 @@ def resolve_path(path: str, experiment_dir: Path | None) -> Path:
     return candidate
 
 
-def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
+@lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def workload_identity(config: ExperimentConfig, experiment_dir: Path | None = None) -> dict[str, Any]:
+    """What defines the workload whose capacity `load:` refers to, as plain data: the
+    generator's name, version, parameters and seed, or the trace file's content digest and
+    format; plus the window and sampling. Never the generated numbers themselves."""
+    w = config.workload
+    if w.generator is not None:
+        from lmsim.workload.generators import GENERATORS
+
+        cls = GENERATORS.get(w.generator.name, where="workload.generator")
+        source: dict[str, Any] = {
+            "generator": w.generator.name,
+            "version": getattr(cls, "version", 0),
+            "params": dict(sorted(w.generator.params.items())),
+            "seed": config.seed,
+        }
+    else:
+        assert w.trace is not None
+        path = resolve_path(w.trace, experiment_dir)
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read the trace ({exc.strerror})") from None
+        source = {
+            "file_sha256": _file_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns),
+            "format": w.format, "skip_bad_rows": w.skip_bad_rows,
+        }  # fmt: skip
+    shape = {"start_s": w.start_s, "end_s": w.end_s, "sample": w.sample.model_dump() if w.sample else None}
+    return {"source": source, "shape": shape}
+
+
+CapacityMode = Literal["search", "lookup"]
+
+
+def load_workload_trace(
+    config: ExperimentConfig,
+    experiment_dir: Path | None = None,
+    *,
+    capacity: CapacityMode = "search",
+    log: Callable[[str], None] | None = None,
+) -> Trace:
+    """The trace the cluster replays. With `workload.load`, the capacity is looked up and,
+    when `capacity="search"`, searched if absent (announced through `log`); with
+    `"lookup"` (validate) a missing capacity leaves the trace unscaled and is recorded in
+    `trace.meta["capacity_source"] = "missing"`."""
     w = config.workload
     if w.generator is not None:
         from lmsim.workload.generators import generate
@@ -42,10 +98,18 @@ def load_workload_trace(config: ExperimentConfig, experiment_dir: Path | None = 
             except ImportError:
                 raise TraceError(f"{path}: raw trace formats are not available") from None
             trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
-    return shape_workload(trace, config)
+    identity = workload_identity(config, experiment_dir) if w.load is not None else None
+    return shape_workload(trace, config, workload=identity, capacity=capacity, log=log)
 
 
-def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
+def shape_workload(
+    trace: Trace,
+    config: ExperimentConfig,
+    *,
+    workload: dict[str, Any] | None = None,
+    capacity: CapacityMode = "search",
+    log: Callable[[str], None] | None = None,
+) -> Trace:
     w = config.workload
     if w.start_s is not None or w.end_s is not None:
         from lmsim.workload.scaling import window
@@ -72,16 +136,50 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
 
         trace = scale_to_rate(trace, w.rate)
     elif w.load is not None:
-        from lmsim.study.capacity import find_capacity
+        from lmsim.study.capacity import resolve_capacity
         from lmsim.workload.scaling import mean_rate, time_scale
 
         # Capacity belongs to the workload and cluster, not to a prefix cut for a quick run:
         # it is measured before `limit` (see capacity_trace), and the prefix is stretched by
         # the same factor as the whole, so a smoke test at limit=50 keeps the arrival times
         # of the real run.
-        capacity, _ = find_capacity(full, config)
-        trace = time_scale(trace, w.load * capacity / mean_rate(full))
+        found = resolve_capacity(full, config, workload=workload, allow_search=capacity == "search", log=log)
+        trace.meta["capacity_source"] = found.source
+        if found.rate is None:
+            return trace
+        trace = time_scale(trace, w.load * found.rate / mean_rate(full))
+        trace.meta.update({
+            "capacity_source": found.source,
+            "capacity_req_s": repr(found.rate),
+            "load_rate_req_s": repr(w.load * found.rate),
+        })  # fmt: skip
     return trace
+
+
+def load_resolution(config: ExperimentConfig, trace: Trace) -> dict[str, Any]:
+    """What `workload.load` resolved to, for summary.json and the console: the capacity
+    (req/s), where it came from, and the mean arrival rate the workload was scaled to."""
+    if config.workload.load is None:
+        return {}
+    meta = trace.meta
+    rate = meta.get("capacity_req_s")
+    return {
+        "load": config.workload.load,
+        "capacity_req_s": float(rate) if rate is not None else None,
+        "capacity_source": meta.get("capacity_source", "missing"),
+        "load_rate_req_s": float(meta["load_rate_req_s"]) if "load_rate_req_s" in meta else None,
+    }
+
+
+def describe_load(resolution: dict[str, Any]) -> str:
+    """One console line for a resolved `load:`."""
+    if not resolution:
+        return ""
+    if resolution["capacity_req_s"] is None:
+        return (f"load {resolution['load']:g}: capacity not shipped or cached; "
+                "`lmsim run` would search for it (minutes)")
+    return (f"load {resolution['load']:g} of capacity {resolution['capacity_req_s']:.4g} req/s "
+            f"({resolution['capacity_source']}) = arrival rate {resolution['load_rate_req_s']:.4g} req/s")
 
 
 

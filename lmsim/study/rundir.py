@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from lmsim.engine.results import Results
+from lmsim.engine.results import NULLABLE_INT_COLUMNS, Results
 from lmsim.errors import ConfigError
 from lmsim.outputs import file_in_the_way
 
@@ -146,7 +146,7 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
         pa.Table.from_pandas(_flatten_events(results.router_events), preserve_index=False),
         tmp / "router_events.parquet",
     )
-    (tmp / "config.yaml").write_text(yaml.safe_dump(results.config, sort_keys=False))
+    (tmp / "config.yaml").write_text(_load_comment(results.summary) + yaml.safe_dump(results.config, sort_keys=False))
     if figure:
         from lmsim.viz.run_cdf import plot_run_cdf
 
@@ -167,6 +167,9 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
 def load_run(run_dir: str | os.PathLike[str]) -> Results:
     run_dir = Path(run_dir)
     requests = pq.read_table(run_dir / "requests.parquet").to_pandas()
+    for name in NULLABLE_INT_COLUMNS:  # int64 with nulls reads back as float64 otherwise
+        if name in requests:
+            requests[name] = requests[name].astype("Int64")
     instances = pq.read_table(run_dir / "instances.parquet").to_pandas()
     events_path = run_dir / "router_events.parquet"
     events = pq.read_table(events_path).to_pandas() if events_path.exists() else pd.DataFrame()
@@ -176,21 +179,38 @@ def load_run(run_dir: str | os.PathLike[str]) -> Results:
 
 
 def requests_table(requests: pd.DataFrame) -> pa.Table:
-    """NaN timestamps and -1 ids become nulls: "never happened" is not a number."""
+    """One schema for every run: times float64, counts and ids int64, `status` and
+    `reject_reason` strings; anything unknown or that never happened (a timestamp, an
+    instance, a cache hit, a reason) is null, never NaN or -1."""
     columns = {}
     for name in requests.columns:
         col = requests[name]
-        if name == "status":
-            columns[name] = pa.array(col.astype(str).to_numpy(), type=pa.string())
+        if name in ("status", "reject_reason") or isinstance(col.dtype, pd.CategoricalDtype):
+            text = col.astype(object)
+            columns[name] = pa.array([None if pd.isna(v) else str(v) for v in text], type=pa.string())
+        elif name in NULLABLE_INT_COLUMNS:
+            values = col.to_numpy(dtype=np.int64, na_value=-1)
+            columns[name] = pa.array(values, mask=values < 0, type=pa.int64())
         elif col.dtype.kind == "f":
             values = col.to_numpy()
             columns[name] = pa.array(values, mask=np.isnan(values), type=pa.float64())
-        elif name in ("instance_id", "cached_tokens", "session_id", "class_id"):
-            values = col.to_numpy()
-            columns[name] = pa.array(values, mask=values < 0, type=pa.int64())
+        elif col.dtype.kind in "iu":
+            columns[name] = pa.array(col.to_numpy(dtype=np.int64), type=pa.int64())
         else:
             columns[name] = pa.array(col.to_numpy())
     return pa.table(columns)
+
+
+def _load_comment(summary: dict[str, Any]) -> str:
+    """What `workload.load` resolved to, as a comment heading config.yaml: the file stays a
+    valid experiment (re-running it resolves the load again) and says which capacity and
+    arrival rate this run used. summary.json has the same numbers as fields."""
+    if summary.get("capacity_req_s") is None:
+        return ""
+    return (
+        f"# workload.load {summary['load']:g} resolved to an arrival rate of {summary['load_rate_req_s']!r} req/s:\n"
+        f"# capacity {summary['capacity_req_s']!r} req/s ({summary['capacity_source']})\n"
+    )
 
 
 def _flatten_events(events: pd.DataFrame) -> pd.DataFrame:

@@ -323,7 +323,7 @@ def plot_hotspot(data: SweepData) -> plt.Figure:
     ax = axes[0]
     minute = np.floor(req["arrived_at"].to_numpy(dtype=float) / 60.0)
     valid = ~np.isnan(minute)
-    classes = req["class_id"].to_numpy()
+    classes = req["class_id"].to_numpy(dtype=float, na_value=np.nan)
     counts = pd.Series(minute[valid]).value_counts().sort_index()
     for cls in sorted({int(c) for c in classes[valid] if pd.notna(c) and c >= 0}):
         share = pd.Series(minute[valid & (classes == cls)]).value_counts().reindex(counts.index, fill_value=0) / counts

@@ -20,17 +20,21 @@ How each format maps in (details in `traces/README.md`):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gzip
 import io
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lmsim.errors import TraceError
+from lmsim.progress import progress_bar
 from lmsim.registry import Registry
 from lmsim.workload.trace import Trace, read_parquet
 
@@ -42,12 +46,44 @@ FORMATS: Registry[Any] = Registry("trace format")
 CLAUDE_CODE_SESSION_STAGGER_S = 30.0
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+# Set by `load_trace(progress=True)`: loaders then show a bar of the input bytes read.
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("lmsim_trace_progress", default=False)
+
+
+class _ProgressReader(io.RawIOBase):
+    """A binary file that advances a progress bar by the bytes read (for gzip: the
+    compressed bytes, so the bar ends at the file size)."""
+
+    def __init__(self, raw: io.BufferedReader, bar: Any) -> None:
+        super().__init__()
+        self.raw, self.bar = raw, bar
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer) or 0
+        self.bar.update(n)
+        return n
+
+
+@contextlib.contextmanager
+def _open_text(path: Path, *, progress: bool | None = None) -> Iterator[io.TextIOBase]:
+    """Text lines of a plain or gzip file, with a byte progress bar if asked for (or if
+    `load_trace(progress=True)` is loading)."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+    show = _PROGRESS.get() if progress is None else progress
+    with contextlib.ExitStack() as stack:
+        raw: Any = stack.enter_context(open(path, "rb"))
+        if show:
+            bar = stack.enter_context(
+                progress_bar(True, total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}")
+            )
+            raw = stack.enter_context(io.BufferedReader(_ProgressReader(raw, bar), 1 << 20))
+        if magic == b"\x1f\x8b":
+            raw = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+        yield stack.enter_context(io.TextIOWrapper(raw, encoding="utf-8"))
 
 
 def _check_file(path: Path) -> None:
@@ -344,13 +380,57 @@ class ClaudeCodeFormat:
     def __init__(self, *, max_sessions: int | None = None) -> None:
         self.max_sessions = max_sessions
 
+    def new_rows(self, path: Path, skip_bad_rows: bool) -> _Rows:
+        return _Rows(path, skip_bad_rows, self.block_size, hashes_required=True, names=("in", "out"))
+
     def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        """The whole file in memory: the reference for `lmsim.workload.convert`, which
+        streams the same rows to Parquet."""
         _check_file(path)
-        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=True, names=("in", "out"))
-        clamped = 0
+        rows = self.new_rows(path, skip_bad_rows)
         sess: list[int] = []
         prev_in_chain: list[int] = []  # index into rows.* of the previous step, or -1
         think: list[float] = []
+        stats = {"sessions": 0, "clamped": 0}
+        for n, index, entries in self.sessions(path, rows, stats):
+            first_row = len(rows.line)
+            for arr_t, prev, inp, out, ids, tt in entries:
+                rows.add(n, arr_t, inp, out, ids)
+                sess.append(index)
+                prev_in_chain.append(first_row + prev if prev >= 0 else -1)
+                think.append(tt)
+        keep, trace = rows.finish(check_order=False)
+        # rows were added session by session; re-index the previous-step links to the
+        # kept rows, then sort by arrival (stable, so ties keep file order) and let
+        # `take` remap the links
+        remap = np.full(len(prev_in_chain), -1, dtype=np.int64)
+        remap[keep] = np.arange(len(keep))
+        prev = np.asarray(prev_in_chain, dtype=np.int64)[keep]
+        after = np.where(prev >= 0, remap[np.maximum(prev, 0)], -1)
+        trace.after_id = after
+        trace.parent_id = after.copy()
+        trace.delay_s = np.where(after >= 0, np.asarray(think, dtype=np.float64)[keep], 0.0)
+        trace.session_id = np.asarray(sess, dtype=np.int64)[keep]
+        trace = trace.take(np.argsort(trace.arrival_s, kind="stable"))
+        trace.source = str(path)
+        trace.meta.update(self.meta(stats))
+        return trace
+
+    @staticmethod
+    def meta(stats: dict[str, int]) -> dict[str, str]:
+        return {
+            "session_stagger_s": str(CLAUDE_CODE_SESSION_STAGGER_S),
+            "sessions": str(stats["sessions"]),
+            "zero_outputs_clamped": str(stats["clamped"]),
+        }
+
+    def sessions(
+        self, path: Path, rows: _Rows, stats: dict[str, int]
+    ) -> Iterator[tuple[int, int, list[tuple[float, int, int, int, np.ndarray, float]]]]:
+        """One session at a time, in file order: (line, session index, requests), each
+        request (arrival, previous request's index in this list or -1, in, out, ids moved
+        into the session's private range, think time). Field problems go to `rows.bad`;
+        `stats` counts sessions and clamped zero outputs."""
         next_id = 0
         count = 0
         for n, rec in _session_records(path, rows):
@@ -390,7 +470,7 @@ class ClaudeCodeFormat:
                         # aborted or empty replies exist in the real data; a replay still
                         # needs one decode step, so they become 1-token outputs (counted)
                         out = 1
-                        clamped += 1
+                        stats["clamped"] += 1
                     tt = item.get("think_time", 0.0)
                     tt = float(tt) if isinstance(tt, int | float) and tt >= 0 else 0.0
                     arr = np.asarray(ids, dtype=np.int64)
@@ -404,49 +484,44 @@ class ClaudeCodeFormat:
             for c, m in enumerate(chain_max):
                 bases[c] = next_id
                 next_id += m + 1
-            first_row = len(rows.line)
-            for arr_t, chain_no, prev, inp, out, ids, tt in entries:
-                rows.add(n, arr_t, inp, out, ids + bases[chain_no])
-                sess.append(count)
-                prev_in_chain.append(first_row + prev if prev >= 0 else -1)
-                think.append(tt)
+            yield n, count, [
+                (arr_t, prev, inp, out, ids + bases[chain_no], tt)
+                for arr_t, chain_no, prev, inp, out, ids, tt in entries
+            ]
             count += 1
-        keep, trace = rows.finish(check_order=False)
-        # rows were added session by session; re-index the previous-step links to the
-        # kept rows, then sort by arrival (stable, so ties keep file order) and let
-        # `take` remap the links
-        remap = np.full(len(prev_in_chain), -1, dtype=np.int64)
-        remap[keep] = np.arange(len(keep))
-        prev = np.asarray(prev_in_chain, dtype=np.int64)[keep]
-        after = np.where(prev >= 0, remap[np.maximum(prev, 0)], -1)
-        trace.after_id = after
-        trace.parent_id = after.copy()
-        trace.delay_s = np.where(after >= 0, np.asarray(think, dtype=np.float64)[keep], 0.0)
-        trace.session_id = np.asarray(sess, dtype=np.int64)[keep]
-        trace = trace.take(np.argsort(trace.arrival_s, kind="stable"))
-        trace.source = str(path)
-        trace.meta["session_stagger_s"] = str(CLAUDE_CODE_SESSION_STAGGER_S)
-        trace.meta["sessions"] = str(count)
-        trace.meta["zero_outputs_clamped"] = str(clamped)
-        return trace
+            stats["sessions"] = count
 
 
 def _session_records(path: Path, rows: _Rows):
-    """A single upstream session object, or one session per line."""
+    """A single upstream session object (possibly pretty-printed over many lines), or one
+    session per line, read line by line so a large file is never held whole."""
     with _open_text(path) as fh:
-        text = fh.read()
-    stripped = text.lstrip()
-    if stripped.startswith("{") and "\n" not in stripped.rstrip():
-        pass  # one line: handled by the JSONL path below
-    elif stripped.startswith("{"):
+        head: list[str] = []
+        for line in fh:
+            head.append(line)
+            if line.strip():
+                break
         try:
-            rec = json.loads(text)
+            first = json.loads(head[-1]) if head else None
         except json.JSONDecodeError:
-            rec = None
-        if isinstance(rec, dict):
-            yield 1, rec
+            first = None
+        if isinstance(first, dict) or not head:
+            yield from _parse_lines(_chain(head, fh), rows)  # JSON lines
             return
+        text = "".join(head) + fh.read()
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError:
+        rec = None
+    if isinstance(rec, dict):
+        yield 1, rec
+        return
     yield from _parse_lines(text.splitlines(), rows)
+
+
+def _chain(head: list[str], rest: Any) -> Iterator[str]:
+    yield from head
+    yield from rest
 
 
 @FORMATS.register("azure")
@@ -553,14 +628,20 @@ def infer_format(path: Path) -> str:
 
 
 def load_trace(
-    path: str | os.PathLike[str], *, format: str | None = None, skip_bad_rows: bool = False
+    path: str | os.PathLike[str], *, format: str | None = None, skip_bad_rows: bool = False,
+    progress: bool = False,
 ) -> Trace:
-    """Load any supported trace into the canonical format."""
+    """Load any supported trace into the canonical format (`progress`: a bar of the bytes
+    read on stderr, when it is a terminal)."""
     path = Path(path)
     try:
         name = format or infer_format(path)
         loader = FORMATS.create(name)
-        return loader.load(path, skip_bad_rows)
+        token = _PROGRESS.set(progress)
+        try:
+            return loader.load(path, skip_bad_rows)
+        finally:
+            _PROGRESS.reset(token)
     except UnicodeDecodeError:
         # binary garbage (or another encoding) in a text format: one line, not a traceback
         raise TraceError(f"{path}: not UTF-8 text") from None

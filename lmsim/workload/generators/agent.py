@@ -8,11 +8,14 @@ numbers).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lmsim.workload.generators.base import (
     Plan,
     build_trace,
+    exp,
     horizon,
     lengths_from_targets,
     poisson_times,
@@ -50,6 +53,8 @@ class AgentGenerator:
     suffix sizes are not published and were fitted to those targets.
     """
 
+    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
+
     def __init__(
         self,
         *,
@@ -79,7 +84,7 @@ class AgentGenerator:
         k = p["num_templates"]
         tmpl = stratified_lognormal(k, p["template_median"], p["template_sigma"])
         suffix = np.maximum(
-            np.rint(p["suffix_median"] * np.exp(p["suffix_sigma"] * rng.standard_normal(n))), 1
+            np.rint(p["suffix_median"] * exp(p["suffix_sigma"] * rng.standard_normal(n))), 1
         ).astype(np.int64)
         out = lengths_from_targets(
             rng, p["output_mean"], p["output_p50"], p["output_p99"], n, hi=p["max_output_tokens"]
@@ -111,6 +116,8 @@ class ToolAgentGenerator:
       182 (no published p99), capped at 2,000 like the conversation trace (§3.1).
     """
 
+    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
+
     def __init__(
         self,
         *,
@@ -139,13 +146,13 @@ class ToolAgentGenerator:
         n = len(arrival)
         tmpl = np.asarray(p["template_blocks"], dtype=np.int64) * p["block_size"]
         shares = np.asarray(p["template_shares"], dtype=np.float64)
-        shares = shares / shares.sum()
+        shares = shares / math.fsum(shares.tolist())
         z = rng.standard_normal(n)
         sig = np.where(z < 0, p["suffix_sigma_lo"], p["suffix_sigma_hi"])
-        suffix = np.maximum(np.rint(p["suffix_median"] * np.exp(sig * z)), 1).astype(np.int64)
+        suffix = np.maximum(np.rint(p["suffix_median"] * exp(sig * z)), 1).astype(np.int64)
         suffix = np.minimum(suffix, p["max_input_tokens"] - int(tmpl.max()))
         out = np.clip(
-            np.rint(p["output_p50"] * np.exp(p["output_sigma"] * rng.standard_normal(n))),
+            np.rint(p["output_p50"] * exp(p["output_sigma"] * rng.standard_normal(n))),
             1, p["max_output_tokens"],
         ).astype(np.int64)
         plan = _template_plan(rng, arrival, tmpl, shares, suffix, out, p["block_size"])

@@ -4,6 +4,17 @@ processes, chained block-id construction and assembly into a canonical `Trace`.
 Generators describe requests in *generation order* (session by session) as `Plan`
 columns; `build_trace` turns a plan into chained hash ids, sorts rows by arrival (stable)
 and cuts the result to the requested window or request count.
+
+Bit-identical on every machine: numpy's vectorized `exp`/`power` loops differ in their last
+bits between numpy builds and CPUs (on this project's AVX-512 machine numpy 1.26.4 and
+2.4.6 disagree on 8,238 of 200,000 lognormal draws `9 * exp(1.3 z)`, and each disagrees
+with the C library on thousands more), which moved the Coder generator's arrival times
+and think times between numpy versions. Generators therefore take exponentials and powers
+through `exp` and `zipf_weights` below (the C library, one value at a time), sum weights
+with `math.fsum`, and emit times on a one-microsecond grid (`on_time_grid`), so a residual
+last-bit difference between C libraries would have to straddle a half-microsecond to show.
+Every generator class carries a `version`: bump it whenever its output changes, since the
+capacity cache keys generated workloads by (name, version, parameters, seed).
 """
 
 from __future__ import annotations
@@ -53,11 +64,29 @@ def split_lognormal_sigmas(mean: float, p50: float, p99: float) -> tuple[float, 
     return (a + b) / 2, hi
 
 
+MICROSECONDS = 1_000_000
+
+
+def exp(x: np.ndarray | float) -> np.ndarray:
+    """Element-wise e**x through the C library's `exp` (see the module docstring: numpy's
+    SIMD loops are not reproducible across builds). About 0.15 us per value."""
+    flat = np.asarray(x, dtype=np.float64)
+    out = np.fromiter(map(math.exp, flat.ravel().tolist()), dtype=np.float64, count=flat.size)
+    return out.reshape(flat.shape)
+
+
+def on_time_grid(t: np.ndarray) -> np.ndarray:
+    """Times rounded to whole microseconds: a count of microseconds divided by 10^6, i.e.
+    the double nearest to the decimal time (multiply, rint and divide are correctly rounded
+    IEEE operations, so this is the same everywhere)."""
+    return np.rint(np.asarray(t, dtype=np.float64) * MICROSECONDS) / MICROSECONDS
+
+
 def split_lognormal(
     rng: np.random.Generator, median: float, sigma_lo: float, sigma_hi: float, size: int
 ) -> np.ndarray:
     z = rng.standard_normal(size)
-    return median * np.exp(np.where(z < 0, sigma_lo, sigma_hi) * z)
+    return median * exp(np.where(z < 0, sigma_lo, sigma_hi) * z)
 
 
 def lengths_from_targets(
@@ -77,12 +106,12 @@ def stratified_lognormal(k: int, median: float, sigma: float) -> np.ndarray:
     u = np.modf((np.arange(k) + 1) * 0.6180339887498949)[0]
     u = np.clip(u, 0.5 / k, 1 - 0.5 / k)
     z = np.array([_NORMAL.inv_cdf(float(x)) for x in u])
-    return np.maximum(np.rint(median * np.exp(sigma * z)), 1).astype(np.int64)
+    return np.maximum(np.rint(median * exp(sigma * z)), 1).astype(np.int64)
 
 
 def zipf_weights(k: int, alpha: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, k + 1, dtype=np.float64) ** alpha
-    return w / w.sum()
+    w = np.array([1.0 / math.pow(r, alpha) for r in range(1, k + 1)])
+    return w / math.fsum(w.tolist())
 
 
 def poisson_times(rng: np.random.Generator, rate: float, start: float, end: float) -> np.ndarray:
@@ -173,6 +202,9 @@ def build_trace(
 ) -> Trace:
     """Chained ids, then keep rows with start_s <= arrival (< end_s), sorted by arrival and
     re-based so that start_s becomes 0, optionally the first num_requests."""
+    plan.arrival = on_time_grid(plan.arrival)
+    if plan.delay is not None:
+        plan.delay = on_time_grid(plan.delay)
     inside = plan.arrival >= start_s
     if end_s is not None:
         inside &= plan.arrival < end_s

@@ -15,6 +15,7 @@ from lmsim.errors import ConfigError
 from lmsim.workload.generators.base import (
     Plan,
     build_trace,
+    exp,
     horizon,
     lengths_from_targets,
     poisson_times,
@@ -45,6 +46,8 @@ class ChatbotGenerator:
     sizes are not published; they were fitted (by running `lmsim trace stats` on the
     output) so that the accumulated contexts hit the input and hit-ratio targets.
     """
+
+    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
 
     def __init__(
         self,
@@ -97,11 +100,11 @@ class ChatbotGenerator:
         prompt_base = np.concatenate(([0], np.cumsum(prompt_blocks)[:-1]))
         prompt_of = rng.choice(k, size=ns, p=zipf_weights(k, p["system_prompt_zipf"]))
 
-        u_first = np.rint(p["user_first_median"] * np.exp(p["user_first_sigma"] * rng.standard_normal(n)))
-        u_next = np.rint(p["user_next_median"] * np.exp(p["user_next_sigma"] * rng.standard_normal(n)))
+        u_first = np.rint(p["user_first_median"] * exp(p["user_first_sigma"] * rng.standard_normal(n)))
+        u_next = np.rint(p["user_next_median"] * exp(p["user_next_sigma"] * rng.standard_normal(n)))
         # a session that opens with a file or image carries it in every later turn
         attach = (rng.random(ns) < p["attachment_prob"]) * np.rint(
-            p["attachment_median"] * np.exp(p["attachment_sigma"] * rng.standard_normal(ns))
+            p["attachment_median"] * exp(p["attachment_sigma"] * rng.standard_normal(ns))
         )
         u_first = u_first + attach[sess]
         user = np.maximum(np.where(first, u_first, u_next), 1).astype(np.int64)
@@ -114,7 +117,7 @@ class ChatbotGenerator:
         prev_in = np.concatenate(([0], inp[:-1]))
         keep = np.where(first, prompt_blocks[prompt_of][sess], prev_in // bs)
 
-        gaps = p["turn_gap_median_s"] * np.exp(p["turn_gap_sigma"] * rng.standard_normal(n))
+        gaps = p["turn_gap_median_s"] * exp(p["turn_gap_sigma"] * rng.standard_normal(n))
         arrival = starts[sess] + _session_cumsum(np.where(first, 0.0, gaps), first)
         parent = np.where(first, -1, np.arange(n) - 1)
 
@@ -156,6 +159,8 @@ class HotspotGenerator:
     carry most of the load while it lasts, which is what the failure case needs.
     Burst rows have `class_id` 1; background rows -1.
     """
+
+    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
 
     def __init__(
         self,
@@ -201,10 +206,10 @@ class HotspotGenerator:
         bt = poisson_times(burst_rng, p["burst_rate"], t0, t0 + p["burst_duration_s"])
         nb = len(bt)
         suffix = np.maximum(
-            np.rint(p["burst_suffix_median"] * np.exp(0.6 * burst_rng.standard_normal(nb))), 1
+            np.rint(p["burst_suffix_median"] * exp(0.6 * burst_rng.standard_normal(nb))), 1
         ).astype(np.int64)
         bout = np.clip(
-            np.rint(p["burst_output_median"] * np.exp(0.8 * burst_rng.standard_normal(nb))),
+            np.rint(p["burst_output_median"] * exp(0.8 * burst_rng.standard_normal(nb))),
             1, p["max_output_tokens"],
         ).astype(np.int64)
         prefix_blocks = p["burst_prefix_tokens"] // bs

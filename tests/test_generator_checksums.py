@@ -1,0 +1,71 @@
+"""Generated traces are bit-identical on every machine and numpy version (see
+lmsim/workload/generators/base.py): each generator's output is pinned by a checksum
+computed once (numpy 2.4.6 and 1.26.4 gave the same digests on this project's machine).
+
+If a checksum changes, the generator's output changed: bump its `version` (the capacity
+cache keys generated workloads by name, version, parameters and seed), re-measure the
+shipped capacities (experiments/remeasure_capacities.sh), then update the digest here."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from lmsim.workload.generators import GENERATORS, generate
+from lmsim.workload.generators.base import exp, on_time_grid, zipf_weights
+
+COLUMNS = ("arrival_s", "input_tokens", "output_tokens", "hash_offsets", "hash_values",
+           "session_id", "parent_id", "class_id", "after_id", "delay_s")  # fmt: skip
+
+
+def trace_checksum(trace) -> str:
+    digest = hashlib.sha256()
+    for name in COLUMNS:
+        column = getattr(trace, name)
+        if column is None:
+            continue
+        digest.update(name.encode())
+        dtype = "<f8" if column.dtype.kind == "f" else "<i8"
+        digest.update(np.ascontiguousarray(column, dtype=dtype).tobytes())
+    return digest.hexdigest()[:16]
+
+
+PINNED = {
+    # name: (params, seed, requests, checksum, version)
+    "chatbot": ({"num_requests": 400}, 3, 400, "0e64fafa77d30ce9", 2),
+    "hotspot": ({"num_requests": 400}, 3, 400, "d7b3d5af7f31fcb8", 2),
+    "agent": ({"num_requests": 400}, 3, 400, "9aad4e80ca6fbd4b", 2),
+    "toolagent": ({"num_requests": 400}, 3, 400, "c4b00e96b626e54e", 2),
+    "coder": ({"num_requests": 400}, 3, 400, "419ea6d92c51548d", 2),
+}
+
+
+def test_every_generator_is_pinned() -> None:
+    assert set(PINNED) == set(GENERATORS.names())
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_generator_output_is_pinned(name: str) -> None:
+    params, seed, requests, checksum, version = PINNED[name]
+    trace = generate(name, params, seed=seed)
+    assert len(trace) == requests
+    assert GENERATORS.get(name).version == version
+    assert trace_checksum(trace) == checksum
+
+
+def test_times_are_on_the_microsecond_grid() -> None:
+    trace = generate("coder", {"num_requests": 200}, seed=1)
+    for times in (trace.arrival_s, trace.delay_s):
+        assert np.array_equal(on_time_grid(times), times)
+        assert np.array_equal(np.rint(times * 1e6) / 1e6, times)
+
+
+def test_helpers_by_hand() -> None:
+    # exp goes through the C library: e^0 = 1, e^1 = math.e, shape kept
+    assert exp(np.array([[0.0, 1.0]])).tolist() == [[1.0, 2.718281828459045]]
+    # to whole microseconds: 1.2345674 s down, 2.0000006 s up, 7 s stays
+    assert on_time_grid(np.array([1.2345674, 2.0000006, 7.0])).tolist() == [1.234567, 2.000001, 7.0]
+    # Zipf alpha 2 over 3 ranks: 1, 1/4, 1/9, normalized by 49/36
+    assert np.allclose(zipf_weights(3, 2.0), [36 / 49, 9 / 49, 4 / 49], rtol=0, atol=1e-15)
