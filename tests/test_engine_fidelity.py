@@ -175,3 +175,43 @@ def test_fast_forward_equals_stepping_when_a_decode_caches_the_waiting_heads_nex
     pd.testing.assert_frame_equal(on, off, check_exact=True)
     assert on.first_scheduled_at.iloc[1] == pytest.approx(0.5167)
     assert on.cached_tokens.iloc[1] == 80 and on.num_preemptions.iloc[1] == 1
+
+
+def test_continuation_rows_follow_links_then_sessions_then_extension():
+    import numpy as np
+
+    from lmsim.workload.trace import continuation_rows, continued_ids
+
+    # row 0 -> row 2 by parent_id (row 1 also extends it, but the link wins); row 1 -> row 3
+    # by extension (no links, no sessions); row 3 continues nothing; row 4's ids contradict
+    # its parent's full blocks, so row 4 does not continue row 3.
+    trace = make_trace(
+        [0, 1, 2, 3, 4], [40, 48, 80, 64, 80], [5, 5, 5, 5, 5],
+        [[1, 2, 3], [1, 2, 4], [1, 2, 5, 6, 7], [1, 2, 4, 8], [9, 9, 9, 9, 9]],
+        parent_id=[-1, -1, 0, -1, 3],
+    )
+    assert continuation_rows(trace).tolist() == [2, 3, -1, -1, -1]
+    assert continued_ids(trace, 0, 2).tolist() == [1, 2, 5, 6, 7]
+    # a session of its own: the extension rule looks only inside the session
+    trace.session_id = np.array([0, 1, 2, 3, 4])
+    assert continuation_rows(trace).tolist() == [2, -1, -1, -1, -1]
+
+
+def test_generators_name_output_blocks_only_through_real_continuations():
+    from lmsim.workload.generators import generate
+    from lmsim.workload.trace import continuation_rows
+
+    chat = generate("chatbot", {"num_requests": 400}, seed=1)
+    cont = continuation_rows(chat)
+    parent = chat.column("parent_id")
+    child_of = {int(p): i for i, p in reversed(list(enumerate(parent))) if p >= 0}
+    # every turn that has a next turn is continued by exactly that turn
+    assert all(cont[p] == c for p, c in child_of.items())
+    assert (cont >= 0).sum() == len(child_of)
+    agent = generate("agent", {"num_requests": 400}, seed=1)
+    assert (continuation_rows(agent) < 0).all()
+    # without its sessions, short-suffix agent requests would look continued by the next
+    # request of the same template
+    agent.session_id = None
+    assert (continuation_rows(agent) >= 0).any()
+    assert len(child_of) > 10
