@@ -343,6 +343,12 @@ def _extend_by_prefix(trace: Trace, out: np.ndarray, linked: np.ndarray, full: n
     values = trace.hash_values
     session = trace.column("session_id")
     queries = np.flatnonzero(~linked & (full > 0))
+    # a row that is the last of its session has no candidate
+    if (session >= 0).any():
+        _, dense = np.unique(session, return_inverse=True)
+        last = np.full(int(dense.max()) + 1, -1, dtype=np.int64)
+        np.maximum.at(last, dense, np.arange(n, dtype=np.int64))
+        queries = queries[(session[queries] < 0) | (last[dense[queries]] > queries)]
     if not len(queries):
         return
     qid = values[offsets[queries] + full[queries] - 1]
@@ -351,18 +357,21 @@ def _extend_by_prefix(trace: Trace, out: np.ndarray, linked: np.ndarray, full: n
     row_of = np.repeat(np.arange(n, dtype=np.int64), lengths)[entries]
     pos = entries - offsets[row_of]
     usable = pos + 1 < full[row_of]  # at least one more full block after it
-    index: dict[tuple[int, int], list[int]] = {}
+    # Candidates keyed by (id, position) for queries without a session, and by (id,
+    # position, session) for queries with one: a lookup is one bisect either way.
+    open_index: dict[tuple[int, int], list[int]] = {}
+    session_index: dict[tuple[int, int, int], list[int]] = {}
     for v, p, r in zip(values[entries][usable].tolist(), pos[usable].tolist(), row_of[usable].tolist()):
-        index.setdefault((v, p), []).append(r)
+        open_index.setdefault((v, p), []).append(r)
+        session_index.setdefault((v, p, int(session[r])), []).append(r)
     for r, v in zip(queries.tolist(), qid.tolist()):
-        rows = index.get((v, int(full[r]) - 1))
-        if not rows:
-            continue
-        sess = session[r]
-        for s in rows[bisect_right(rows, r) :]:
-            if sess < 0 or session[s] == sess:
-                out[r] = s
-                break
+        sess = int(session[r])
+        p = int(full[r]) - 1
+        rows = open_index.get((v, p)) if sess < 0 else session_index.get((v, p, sess))
+        if rows:
+            at = bisect_right(rows, r)
+            if at < len(rows):
+                out[r] = rows[at]
 
 
 def continued_ids(trace: Trace, row: int, cont: int) -> np.ndarray:
