@@ -45,13 +45,13 @@ def workloads(quick: bool) -> list[Workload]:
 
 
 CATEGORIES = (
-    ("router", ("lmsim/router.py", "lmsim/policies/")),
-    ("kv cache", ("lmsim/kv_cache.py",)),
-    ("scheduler", ("lmsim/scheduler.py", "lmsim/instance.py")),
+    ("router", ("lmsim/engine/router.py", "lmsim/engine/views.py", "lmsim/policies/")),
+    ("kv cache", ("lmsim/engine/kv_cache.py",)),
+    ("scheduler", ("lmsim/engine/scheduler.py", "lmsim/engine/instance.py")),
     ("cost model", ("lmsim/profile/",)),
     ("simpy", ("simpy/",)),
-    ("metrics", ("lmsim/metrics.py", "lmsim/results.py")),
-    ("replay", ("lmsim/simulation.py", "lmsim/clock.py", "lmsim/request.py")),
+    ("metrics", ("lmsim/engine/metrics.py", "lmsim/engine/results.py")),
+    ("replay", ("lmsim/engine/simulation.py", "lmsim/engine/clock.py", "lmsim/engine/request.py")),
 )
 
 
