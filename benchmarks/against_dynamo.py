@@ -19,7 +19,9 @@ compares simulator speed on the same traffic, not outputs.
 Each run is a fresh child process; the two simulators alternate, `--repeats` times, and the
 best run of each counts (the machine is shared: best-of-N is the least noisy figure).
 Timed: Dynamo's `run_trace_replay` call (trace parsing included) and lmsim's
-`Simulation.run()` plus, separately, lmsim's trace loading and cluster construction.
+`Simulation.run()` plus, separately, lmsim's trace loading and cluster construction; both
+as wall time and as the process's CPU time (all threads). On a shared machine the CPU-time
+ratio is the steadier one: wall time there mostly measures the other jobs.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ DYNAMO_CHILD = r"""
 import json, sys, time
 from dynamo.replay import run_trace_replay
 a = json.loads(sys.argv[1])
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 report = run_trace_replay(
     [a["trace"]],
     extra_engine_args={"engine": {
@@ -56,10 +58,11 @@ report = run_trace_replay(
     trace_format="mooncake",
     trace_block_size=a["trace_block_size"],
 )
-wall = time.perf_counter() - started
+wall, cpu = time.perf_counter() - started, time.process_time() - cpu
 s = report.summary
 print(json.dumps({
     "wall_s": wall,
+    "cpu_s": cpu,
     "reported_wall_s": float(s.get("wall_time_ms", 0.0)) / 1000.0,
     "num_requests": s.get("num_requests", s.get("completed_requests")),
 }))
@@ -96,9 +99,11 @@ def lmsim_child(a: dict) -> dict:
     trace = load_workload_trace(config)
     sim = Simulation(config, trace)
     setup = time.perf_counter() - started
+    cpu = time.process_time()
     results = sim.run()
     return {
         "wall_s": results.summary["wall_time_s"],
+        "cpu_s": time.process_time() - cpu,
         "setup_s": setup,
         "num_requests": results.summary["num_requests"],
         "num_finished": results.summary["num_finished"],
@@ -113,6 +118,10 @@ def _run(cmd: list[str]) -> dict:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return {"error": tail[0]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _num(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.2f}"
 
 
 def peer_available(python: str) -> bool:
@@ -159,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         f"trace {Path(args.trace).name}; {args.workers} workers x {common['num_blocks']} blocks of "
         f"{args.block_size} tokens; {args.max_batched} batched tokens; best of {args.repeats}, alternating"
     )
-    print(f"{'router':24} {'dynamo s':>9} {'lmsim s':>9} {'lmsim setup s':>13} {'lmsim/dynamo':>12}")
+    print(
+        f"{'router':24} {'dynamo s':>9} {'lmsim s':>9} {'ratio':>6} {'dynamo cpu':>10} "
+        f"{'lmsim cpu':>9} {'ratio':>6} {'lmsim setup s':>13}"
+    )
     for dyn_router, lm_router in PAIRS:
         if dyn_router not in wanted:
             continue
@@ -176,10 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print(f"{dyn_router}/{lm_router}: error: {errors[0]}")
             continue
-        lm_best = min(lm_runs, key=lambda r: r["wall_s"])
-        dyn = f"{min(r['wall_s'] for r in dyn_runs):9.2f}" if dyn_runs else f"{'-':>9}"
-        ratio = f"{lm_best['wall_s'] / min(r['wall_s'] for r in dyn_runs):12.2f}" if dyn_runs else f"{'-':>12}"
-        print(f"{dyn_router + '/' + lm_router:24} {dyn} {lm_best['wall_s']:9.2f} {lm_best['setup_s']:13.2f} {ratio}")
+        cells = []
+        for key in ("wall_s", "cpu_s"):
+            lm = min(r[key] for r in lm_runs)
+            dyn = min((r[key] for r in dyn_runs), default=None)
+            cells.append(f"{_num(dyn, 9 if key == 'wall_s' else 10)} {lm:9.2f} {_num(dyn and lm / dyn, 6)}")
+        setup = min(r["setup_s"] for r in lm_runs)
+        print(f"{dyn_router + '/' + lm_router:24} {cells[0]} {cells[1]} {setup:13.2f}")
         detail = {"dynamo": dyn_runs, "lmsim": lm_runs}
         print(f"{'':24} runs: {json.dumps(detail)}", flush=True)
     return 0
