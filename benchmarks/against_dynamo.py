@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=DEFAULT_TRACE)
     p.add_argument("--peer-python", default=DEFAULT_PEER)
+    p.add_argument(
+        "--lmsim-python",
+        default=sys.executable,
+        help="interpreter for the lmsim runs (default: this one), e.g. to time another checkout",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--kv-tokens", type=int, default=280_000, help="KV tokens per worker")
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                     _run([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
                 )
             lm_runs.append(
-                _run([sys.executable, __file__, "--lmsim-child", json.dumps({**common, "router": lm_router})])
+                _run([args.lmsim_python, __file__, "--lmsim-child", json.dumps({**common, "router": lm_router})])
             )
         errors = [r["error"] for r in dyn_runs + lm_runs if "error" in r]
         if errors:
