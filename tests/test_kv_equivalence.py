@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_kv import ReferenceGlobalIndex, ReferencePrefixCache
 
-from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
+from lmsim.engine.kv_cache import ANON, GlobalPrefixIndex, PrefixCache
 
 NUM_INSTANCES = 2
 
@@ -60,9 +60,13 @@ class Pair:
         for new, ref in zip(self.new, self.ref):
             assert new.num_free_blocks == ref.num_free_blocks
             assert new.num_evictions == ref.num_evictions
-            assert new._in_use == ref._in_use
+            assert new._ref == ref._ref
             assert list(new._free) == list(ref._free)
-            assert new._next_anon == ref._next_anon
+            assert new._plain_free == ref._plain_free
+            assert new._copies == ref._copies
+            assert new._dup_hash == ref._dup_hash
+            assert new._next_dup == ref._next_dup
+            assert new.free_entries(5) == ref.free_entries(5)
             for p in probes:
                 assert new.match(p, len(p)) == ref.match(p, len(p))
                 assert [new.contains(h) for h in p] == [ref.contains(h) for h in p]
@@ -136,7 +140,7 @@ def test_run_cache_equals_block_by_block_reference(num_blocks, operations):
             refs: dict[int, int] = {}
             for h in mine:
                 for k in h.keys:
-                    if k >= 0:
+                    if k != ANON:
                         refs[k] = refs.get(k, 0) + 1
             blocks = sum(len(h.keys) + h.decode_blocks for h in mine)
             assert cache.check(blocks, refs) == []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from lmsim.engine.kv_cache import ANON
 from lmsim.engine.metrics import STATUS_NAMES, UNFINISHED
 from lmsim.engine.request import Request, RequestState
 from lmsim.errors import InvariantError
@@ -73,7 +74,7 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     for request in s.running:
         held += s._blocks_held(request)
         for key in request.block_keys:
-            if key >= 0:
+            if key != ANON:
                 refs[key] = refs.get(key, 0) + 1
         if request.state is not RequestState.RUNNING:
             _fail(f"request {request.request_id} in running list with state {request.state.name}", instance, step, now)
