@@ -28,8 +28,10 @@ of in-use cache entries are stored; which physical block is which never matters.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
+from itertools import compress, islice, repeat, starmap, takewhile
+from operator import itemgetter
 
 import numpy as np
 
@@ -77,32 +79,33 @@ def engine_block_hashes(
 
 
 class GlobalPrefixIndex:
-    """block hash -> bitmask of the instances whose prefix cache holds it.
+    """Which instances' prefix caches hold which blocks: a view over the caches attached to it.
 
-    Gives every instance's prefix-hit length in one pass over a request's blocks, instead of
-    one lookup per instance per block.
+    Each cache keeps the set of hashes it holds; matching asks each cache for its leading
+    run, at C speed (`PrefixCache.match`), so registration and eviction pay nothing for
+    the index. Measured on the Kimi conversation trace (16 instances, 760 engine blocks per
+    request): maintaining a hash -> instance-bitmask map cost a dict update per registered
+    and per evicted block, more than all the matching it served.
     """
 
     def __init__(self, num_instances: int) -> None:
         self.num_instances = num_instances
-        self._holders: dict[int, int] = {}
+        self._caches: list[PrefixCache | None] = [None] * num_instances
 
-    def add(self, block_hash: int, instance_id: int) -> None:
-        self._holders[block_hash] = self._holders.get(block_hash, 0) | (1 << instance_id)
-
-    def remove(self, block_hash: int, instance_id: int) -> None:
-        mask = self._holders[block_hash] & ~(1 << instance_id)
-        if mask:
-            self._holders[block_hash] = mask
-        else:
-            del self._holders[block_hash]
+    def attach(self, cache: PrefixCache) -> None:
+        self._caches[cache.instance_id] = cache
 
     def holders(self, block_hash: int) -> int:
-        return self._holders.get(block_hash, 0)
+        """Bitmask of the instances whose cache holds `block_hash`."""
+        mask = 0
+        for i, cache in enumerate(self._caches):
+            if cache is not None and block_hash in cache._cached:
+                mask |= 1 << i
+        return mask
 
     def match_blocks(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Leading blocks of `hashes[:max_blocks]` cached on each instance."""
-        return leading_matches(hashes, max_blocks, self.num_instances, self._holders.get)
+        return [0 if c is None else c.match(hashes, max_blocks) for c in self._caches]
 
 
 def leading_matches(
@@ -137,6 +140,12 @@ class PrefixCache:
     Keys: a block without cached content is `ANON`; a block that is a cache entry for hash
     h has key h when it is the only live block carrying h when it was registered, and a
     fresh negative key below `ANON` otherwise (a duplicate copy; `_dup_hash` names its hash).
+
+    Every operation works on a request's whole run of blocks at once with C-level iteration
+    (dict views, `map`, `compress`, `takewhile`) instead of a Python loop per block; runs
+    with duplicate copies or repeated keys take the block-by-block path, so the sequential
+    semantics hold exactly. `tests/reference_kv.py` keeps the block-by-block implementation
+    this one is proven equal to.
     """
 
     def __init__(
@@ -152,7 +161,6 @@ class PrefixCache:
         self.num_total_blocks = num_blocks
         self.block_size = block_size
         self.instance_id = instance_id
-        self._index = index
         self._listeners = listeners if listeners is not None else []
         # The free queue is [blocks without content][cache entries, least recently
         # released first]: content-free blocks are only ever put at the front and cache
@@ -164,6 +172,8 @@ class PrefixCache:
         self._dup_hash: dict[int, int] = {}  # duplicate key -> its hash
         self._next_dup = ANON - 1
         self.num_evictions = 0
+        if index is not None:
+            index.attach(self)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -186,29 +196,24 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int], max_blocks: int) -> int:
         """Leading blocks of `hashes[:max_blocks]` present (in use or free). No side effects."""
-        copies = self._copies
         limit = min(max_blocks, len(hashes))
-        for j in range(limit):
-            if hashes[j] not in copies:
-                return j
-        return limit
+        if limit <= 0:
+            return 0
+        return len(list(takewhile(self._copies.__contains__, islice(hashes, limit))))
 
     def num_free_among(self, hashes: Sequence[int], count: int) -> int:
         """How many of the first `count` hashes are served by a block in the free queue (a
         hit on them uses up a free block). A hit is served by the oldest entry of its hash
         (vLLM `BlockHashToBlockMap.get_one_block`), even if a younger copy is in use."""
-        free, copies = self._free, self._copies
-        return sum(1 for j in range(count) if copies[hashes[j]][0] in free)
+        if count <= 0:
+            return 0
+        oldest = map(_first, map(self._copies.__getitem__, islice(hashes, count)))
+        return sum(map(self._free.__contains__, oldest))
 
     def free_entries(self, limit: int) -> list[int]:
         """Hashes of the first `limit` cache entries in the free queue: the next ones an
         allocation beyond the content-free blocks evicts, in order."""
-        out = []
-        for key in self._free:
-            if len(out) >= limit:
-                break
-            out.append(self.hash_of(key))
-        return out
+        return [self.hash_of(key) for key in islice(self._free, max(limit, 0))]
 
     @property
     def num_plain_free(self) -> int:
@@ -223,16 +228,14 @@ class PrefixCache:
     def touch(self, hashes: Sequence[int], count: int) -> list[int]:
         """Take a reference on the first `count` blocks (a prefix hit); returns their keys.
         Each hash is served by its oldest entry (vLLM `BlockPool.touch`)."""
-        ref, free, copies = self._ref, self._free, self._copies
-        keys = []
-        for j in range(count):
-            key = copies[hashes[j]][0]
-            if key in ref:
-                ref[key] += 1
-            else:
-                del free[key]
-                ref[key] = 1
-            keys.append(key)
+        if count <= 0:
+            return []
+        ref, free = self._ref, self._free
+        keys = list(map(_first, map(self._copies.__getitem__, islice(hashes, count))))
+        # Lazy iterators apply block by block, so a run repeating a key counts it twice,
+        # exactly as a loop would.
+        _consume(map(free.__delitem__, compress(keys, map(free.__contains__, keys))))
+        ref.update(zip(keys, map(_plus_one, map(ref.get, keys, repeat(0)))))
         return keys
 
     def allocate(self, count: int) -> list[int]:
@@ -252,28 +255,27 @@ class PrefixCache:
         self._plain_free -= take
         if count == take:
             return
-        popitem = self._free.popitem
-        evicted = [key for key, _ in (popitem(last=False) for _ in range(count - take))]
+        evicted = list(map(_first, starmap(self._free.popitem, repeat(_FROM_HEAD, count - take))))
         self.num_evictions += len(evicted)
-        index = self._index
-        holders = index._holders if index is not None else None
-        mask = ~(1 << self.instance_id)
-        copies, dup_hash = self._copies, self._dup_hash
-        listeners = self._listeners
-        for key in evicted:
+        copies = self._copies
+        if not self._dup_hash or (
+            min(evicted) >= 0 and max(map(len, map(copies.__getitem__, evicted))) == 1
+        ):
+            # Only entries that are the single copy of their hash: each eviction drops it.
+            _consume(map(copies.__delitem__, evicted))
+            for listener in self._listeners:
+                for h in evicted:
+                    listener(self.instance_id, h, False)
+            return
+        dup_hash = self._dup_hash
+        for key in evicted:  # some hash has several copies: drop this one only
             h = key if key >= 0 else dup_hash.pop(key)
             entries = copies[h]
             entries.remove(key)
             if not entries:
                 del copies[h]
-                if holders is not None:
-                    left = holders[h] & mask
-                    if left:
-                        holders[h] = left
-                    else:
-                        del holders[h]
             # vLLM emits BlockRemoved for every evicted copy, even when another remains.
-            for listener in listeners:
+            for listener in self._listeners:
                 listener(self.instance_id, h, False)
 
     def register(self, block_hash: int) -> int:
@@ -285,34 +287,35 @@ class PrefixCache:
 
     def register_range(self, hashes: Sequence[int], keys: list[int], first: int, last: int) -> None:
         """`register` blocks first..last-1 of a request in place in `keys` (one call per
-        chunk: the per-block work is the simulator's hottest loop).
+        chunk).
 
         A block computed while its hash is already cached is a duplicate and becomes a
         second entry of that hash (vLLM `BlockHashToBlockMap.insert` keeps every copy, and
         `BlockPool.cache_full_blocks` emits BlockStored for it), so evicting one copy does
         not lose the prefix."""
-        ref, copies = self._ref, self._copies
-        index = self._index
-        holders = index._holders if index is not None else None
-        bit = 1 << self.instance_id
-        listeners = self._listeners
-        for j in range(first, last):
-            h = hashes[j]
-            entries = copies.get(h)
-            if entries is None:
-                key = h
-                copies[h] = [h]
-                if holders is not None:
-                    holders[h] = holders.get(h, 0) | bit
-            else:
-                key = self._next_dup
-                self._next_dup -= 1
-                self._dup_hash[key] = h
-                entries.append(key)
-            ref[key] = 1
-            for listener in listeners:
+        run = hashes[first:last]
+        copies, ref = self._copies, self._ref
+        if len(dict.fromkeys(run)) == len(run) and copies.keys().isdisjoint(run):
+            copies.update(zip(run, map(list, zip(run))))
+            ref.update(dict.fromkeys(run, 1))
+            keys[first:last] = run
+        else:
+            for j in range(first, last):  # duplicates: decide block by block
+                h = hashes[j]
+                entries = copies.get(h)
+                if entries is None:
+                    key = h
+                    copies[h] = [h]
+                else:
+                    key = self._next_dup
+                    self._next_dup -= 1
+                    self._dup_hash[key] = h
+                    entries.append(key)
+                ref[key] = 1
+                keys[j] = key
+        for listener in self._listeners:
+            for h in run:
                 listener(self.instance_id, h, True)
-            keys[j] = key
 
     def release(self, keys: Sequence[int], extra_anonymous: int = 0) -> None:
         """Release a request's blocks: `extra_anonymous` unnamed tail blocks and `keys`, tail
@@ -320,19 +323,25 @@ class PrefixCache:
         holder leaves goes to the front of the free queue if it carries no cache entry
         (reused first) and to the back if it does (LRU), as vLLM 0.33's
         `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back."""
-        plain = extra_anonymous
         ref, free = self._ref, self._free
-        for key in reversed(keys):
-            if key == ANON:
-                plain += 1
-                continue
-            count = ref[key] - 1
-            if count:
-                ref[key] = count
-            else:
-                del ref[key]
-                free[key] = None
-        self._plain_free += plain
+        entries = list(filter(_ANON_NE, reversed(keys)))
+        self._plain_free += extra_anonymous + len(keys) - len(entries)
+        if len(dict.fromkeys(entries)) != len(entries):
+            for key in entries:  # a key held twice: its reference count drops one by one
+                count = ref[key] - 1
+                if count:
+                    ref[key] = count
+                else:
+                    del ref[key]
+                    free[key] = None
+            return
+        refs = list(map(ref.__getitem__, entries))
+        last = list(map(_is_one, refs))
+        free.update(dict.fromkeys(compress(entries, last)))
+        _consume(map(ref.__delitem__, compress(entries, last)))
+        shared = list(map(_above_one, refs))
+        if any(shared):
+            ref.update(zip(compress(entries, shared), map(_minus_one, compress(refs, shared))))
 
     # -- invariants ----------------------------------------------------------------------
 
@@ -359,3 +368,16 @@ class PrefixCache:
         if entries != len(self._ref) + len(self._free):
             problems.append(f"{entries} cache entries but {len(self._ref) + len(self._free)} hashed blocks")
         return problems
+
+
+_FROM_HEAD = (False,)  # OrderedDict.popitem(last=False)
+_first = itemgetter(0)
+_ANON_NE = ANON.__ne__
+_plus_one = (1).__add__
+_minus_one = (-1).__add__
+_is_one = (1).__eq__
+_above_one = (1).__lt__
+
+
+def _consume(iterator: Iterator[object]) -> None:
+    deque(iterator, maxlen=0)

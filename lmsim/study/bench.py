@@ -3,7 +3,8 @@
 Each workload runs in a fresh child process so its peak RSS is its own. Figures are printed,
 never asserted (tests do not depend on wall-clock time). `--json PATH` writes the table as a
 list of records for comparison across commits; `--profile` adds a cProfile breakdown of where
-the time goes, grouped by component.
+the time goes, grouped by component. Beside wall time each row gives the process's CPU time
+(`req/cpu s`): on a shared machine wall time mostly measures the other jobs.
 
 Workloads (16 Qwen3-30B-A3B instances on H20, load 0.5 of measured capacity):
 * chatbot generator with `vllm`, `lmetric` and `llmd`;
@@ -45,13 +46,13 @@ def workloads(quick: bool) -> list[Workload]:
 
 
 CATEGORIES = (
-    ("router", ("lmsim/router.py", "lmsim/policies/")),
-    ("kv cache", ("lmsim/kv_cache.py",)),
-    ("scheduler", ("lmsim/scheduler.py", "lmsim/instance.py")),
+    ("router", ("lmsim/engine/router.py", "lmsim/engine/views.py", "lmsim/policies/")),
+    ("kv cache", ("lmsim/engine/kv_cache.py",)),
+    ("scheduler", ("lmsim/engine/scheduler.py", "lmsim/engine/instance.py")),
     ("cost model", ("lmsim/profile/",)),
     ("simpy", ("simpy/",)),
-    ("metrics", ("lmsim/metrics.py", "lmsim/results.py")),
-    ("replay", ("lmsim/simulation.py", "lmsim/clock.py", "lmsim/request.py")),
+    ("metrics", ("lmsim/engine/metrics.py", "lmsim/engine/results.py")),
+    ("replay", ("lmsim/engine/simulation.py", "lmsim/engine/clock.py", "lmsim/engine/request.py")),
 )
 
 
@@ -96,13 +97,14 @@ def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
     trace = load_workload_trace(config)  # generation and capacity search are not timed
     sim = Simulation(config, trace)
     profiler = cProfile.Profile() if profile else None
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if profiler is not None:
         profiler.enable()
     results = sim.run()
     if profiler is not None:
         profiler.disable()
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     s = results.summary
     row: dict[str, Any] = {
         "workload": w.name,
@@ -111,6 +113,8 @@ def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
         "requests_per_s": s["num_finished"] / wall,
         "sim_s_per_wall_s": s["sim_time_s"] / wall,
         "wall_s": wall,
+        "cpu_s": cpu,
+        "requests_per_cpu_s": s["num_finished"] / cpu if cpu > 0 else None,
         "steps": s["num_steps"],
         "events": s["num_step_events"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -145,7 +149,7 @@ def run_bench(quick: bool, profile: bool, only: str | None = None) -> list[dict[
 
 
 HEADER = (
-    f"{'workload':12} {'policy':8} {'requests':>9} {'req/s':>8} {'sim s/s':>8} "
+    f"{'workload':12} {'policy':8} {'requests':>9} {'req/s':>8} {'req/cpu s':>9} {'sim s/s':>8} "
     f"{'steps':>10} {'events':>9} {'RSS MB':>7} {'router us':>9}"
 )
 
@@ -155,6 +159,7 @@ def format_row(row: dict[str, Any]) -> str:
         return f"{row['workload']:12} {row['policy']:8} error: {row['error']}"
     line = (
         f"{row['workload']:12} {row['policy']:8} {row['num_requests']:>9} {row['requests_per_s']:>8.0f} "
+        f"{row['requests_per_cpu_s'] or 0:>9.0f} "
         f"{row['sim_s_per_wall_s']:>8.1f} {row['steps']:>10} {row['events']:>9} "
         f"{row['peak_rss_mb']:>7.0f} {row['router_us_per_decision']:>9.1f}"
     )

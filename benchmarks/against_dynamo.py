@@ -1,0 +1,209 @@
+"""lmsim side by side with Dynamo's Rust mocker on the same trace and cluster.
+
+    python benchmarks/against_dynamo.py [--trace JSONL] [--peer-python PATH] [--repeats 3]
+
+Run it with the project's Python (lmsim importable). Dynamo runs in a separate interpreter,
+`--peer-python` (default `$LMSIM_PEER_DYNAMO_PYTHON` or /work/venvs/peer-dynamo/bin/python),
+where `ai-dynamo-runtime==1.6.1` and `ai-dynamo==1.6.1 --no-deps` are installed; this script
+installs nothing and touches no network. When that interpreter cannot import
+`dynamo.replay`, only lmsim is timed.
+
+Both sides replay the same Mooncake-format file (default: the Kimi conversation trace, first
+40 minutes) on 16 workers of `--kv-tokens` KV tokens each (16-token blocks), 8,192 batched
+tokens and 1,024 sequences, prefix caching and chunked prefill on. Router pairs:
+Dynamo `round_robin` against lmsim `round_robin`, Dynamo `kv_router` against lmsim `dynamo`
+(the same cost function, overlap weight 1). The step-time models differ (Dynamo's default
+mocker model, lmsim's H20/Qwen3-30B-A3B profile), so the simulated schedules differ; this
+compares simulator speed on the same traffic, not outputs.
+
+Each run is a fresh child process; the two simulators alternate, `--repeats` times, and the
+best run of each counts (the machine is shared: best-of-N is the least noisy figure).
+Timed: Dynamo's `run_trace_replay` call (trace parsing included) and lmsim's
+`Simulation.run()` plus, separately, lmsim's trace loading and cluster construction; both
+as wall time and as the process's CPU time (all threads). On a shared machine the CPU-time
+ratio is the steadier one: wall time there mostly measures the other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_TRACE = "/work/shared/traces/mooncake/conversation_trace.first40min.jsonl"
+DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", "/work/venvs/peer-dynamo/bin/python")
+PAIRS = (("round_robin", "round_robin"), ("kv_router", "dynamo"))
+
+# Runs inside the peer interpreter; prints one JSON line.
+DYNAMO_CHILD = r"""
+import json, sys, time
+from dynamo.replay import run_trace_replay
+a = json.loads(sys.argv[1])
+started, cpu = time.perf_counter(), time.process_time()
+report = run_trace_replay(
+    [a["trace"]],
+    extra_engine_args={"engine": {
+        "num_gpu_blocks": a["num_blocks"],
+        "block_size": a["block_size"],
+        "max_num_batched_tokens": a["max_batched"],
+        "max_num_seqs": a["max_seqs"],
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": True,
+    }},
+    num_workers=a["workers"],
+    router_mode=a["router"],
+    trace_format="mooncake",
+    trace_block_size=a["trace_block_size"],
+)
+wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+s = report.summary
+print(json.dumps({
+    "wall_s": wall,
+    "cpu_s": cpu,
+    "reported_wall_s": float(s.get("wall_time_ms", 0.0)) / 1000.0,
+    "num_requests": s.get("num_requests", s.get("completed_requests")),
+}))
+"""
+
+
+def lmsim_child(a: dict) -> dict:
+    """One lmsim replay in this (the project's) interpreter."""
+    import time
+
+    from lmsim.config import validate
+    from lmsim.engine.simulation import Simulation
+    from lmsim.study.experiment import load_workload_trace
+
+    started = time.perf_counter()
+    config = validate(
+        {
+            "name": f"against-dynamo-{a['router']}",
+            "seed": 0,
+            "workload": {"trace": a["trace"], "format": "mooncake"},
+            "cluster": {
+                "num_instances": a["workers"],
+                "profile": "h20/qwen3-30b-a3b",
+                "num_gpu_blocks": a["num_blocks"],
+                "block_size": a["block_size"],
+                "max_num_batched_tokens": a["max_batched"],
+                "max_num_seqs": a["max_seqs"],
+            },
+            "router": {"policy": a["router"]},
+            "output": {"figures": False},
+        },
+        where="against_dynamo",
+    )
+    trace = load_workload_trace(config)
+    sim = Simulation(config, trace)
+    setup = time.perf_counter() - started
+    cpu = time.process_time()
+    results = sim.run()
+    return {
+        "wall_s": results.summary["wall_time_s"],
+        "cpu_s": time.process_time() - cpu,
+        "setup_s": setup,
+        "num_requests": results.summary["num_requests"],
+        "num_finished": results.summary["num_finished"],
+    }
+
+
+def _run(cmd: list[str]) -> dict:
+    # Dynamo's KV router logs every decision at INFO; logging is not simulation work.
+    env = {**os.environ, "DYN_LOG": "warn", "RUST_LOG": "warn"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": tail[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _num(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.2f}"
+
+
+def peer_available(python: str) -> bool:
+    if not Path(python).exists():
+        return False
+    probe = subprocess.run([python, "-c", "import dynamo.replay"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=DEFAULT_TRACE)
+    p.add_argument("--peer-python", default=DEFAULT_PEER)
+    p.add_argument(
+        "--lmsim-python",
+        default=sys.executable,
+        help="interpreter for the lmsim runs (default: this one), e.g. to time another checkout",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--kv-tokens", type=int, default=280_000, help="KV tokens per worker")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-batched", type=int, default=8192)
+    p.add_argument("--max-seqs", type=int, default=1024)
+    p.add_argument("--pairs", default="round_robin,kv_router", help="Dynamo router modes to run")
+    p.add_argument("--lmsim-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.lmsim_child:
+        print(json.dumps(lmsim_child(json.loads(args.lmsim_child))))
+        return 0
+    if not Path(args.trace).is_file():
+        print(f"against_dynamo: --trace {args.trace}: no such file", file=sys.stderr)
+        return 2
+
+    common = {
+        "trace": str(Path(args.trace).resolve()),
+        "workers": args.workers,
+        "num_blocks": args.kv_tokens // args.block_size,
+        "block_size": args.block_size,
+        "max_batched": args.max_batched,
+        "max_seqs": args.max_seqs,
+        "trace_block_size": 512,
+    }
+    have_peer = peer_available(args.peer_python)
+    if not have_peer:
+        print(f"Dynamo not importable with {args.peer_python}: timing lmsim only")
+    wanted = set(args.pairs.split(","))
+    print(
+        f"trace {Path(args.trace).name}; {args.workers} workers x {common['num_blocks']} blocks of "
+        f"{args.block_size} tokens; {args.max_batched} batched tokens; best of {args.repeats}, alternating"
+    )
+    print(
+        f"{'router':24} {'dynamo s':>9} {'lmsim s':>9} {'ratio':>6} {'dynamo cpu':>10} "
+        f"{'lmsim cpu':>9} {'ratio':>6} {'lmsim setup s':>13}"
+    )
+    for dyn_router, lm_router in PAIRS:
+        if dyn_router not in wanted:
+            continue
+        dyn_runs, lm_runs = [], []
+        for _ in range(args.repeats):
+            if have_peer:
+                dyn_runs.append(
+                    _run([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
+                )
+            lm_runs.append(
+                _run([args.lmsim_python, __file__, "--lmsim-child", json.dumps({**common, "router": lm_router})])
+            )
+        errors = [r["error"] for r in dyn_runs + lm_runs if "error" in r]
+        if errors:
+            print(f"{dyn_router}/{lm_router}: error: {errors[0]}")
+            continue
+        cells = []
+        for key in ("wall_s", "cpu_s"):
+            lm = min(r[key] for r in lm_runs)
+            dyn = min((r[key] for r in dyn_runs), default=None)
+            cells.append(f"{_num(dyn, 9 if key == 'wall_s' else 10)} {lm:9.2f} {_num(dyn and lm / dyn, 6)}")
+        setup = min(r["setup_s"] for r in lm_runs)
+        print(f"{dyn_router + '/' + lm_router:24} {cells[0]} {cells[1]} {setup:13.2f}")
+        detail = {"dynamo": dyn_runs, "lmsim": lm_runs}
+        print(f"{'':24} runs: {json.dumps(detail)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

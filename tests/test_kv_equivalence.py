@@ -1,0 +1,149 @@
+"""The run-at-a-time prefix cache and global index against the block-by-block reference
+(tests/reference_kv.py): random sequences of the calls the scheduler makes (capped prefix
+hits, chunked prefills that register as they go, duplicates computed twice, repeated hashes,
+decode blocks, finishes and preemptions mid-prefill, evictions in the middle of a cached
+prefix) must give the same answer to every call, the same evictions in the same order and
+the same pool state after every step."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference_kv import ReferenceGlobalIndex, ReferencePrefixCache
+
+from lmsim.engine.kv_cache import ANON, GlobalPrefixIndex, PrefixCache
+
+NUM_INSTANCES = 2
+
+
+def chain(path: list[int], repeat_at: int | None) -> list[int]:
+    """Chained hashes: equal prefixes of `path` give equal hashes, as trace ids do. With
+    `repeat_at`, one hash is repeated (traces with repeated ids exist)."""
+    out, acc = [], 0
+    for j, step in enumerate(path):
+        acc = acc * 7 + step + 1
+        out.append(acc % 997 * 64 + j)
+    if repeat_at is not None and len(out) > 1:
+        k = repeat_at % (len(out) - 1)
+        out[k + 1] = out[k]
+    return out
+
+
+class Pair:
+    """The same operations on the new cache and the reference, compared call by call."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.new_events: list[tuple[int, int, bool]] = []
+        self.ref_events: list[tuple[int, int, bool]] = []
+        self.new_index = GlobalPrefixIndex(NUM_INSTANCES)
+        self.ref_index = ReferenceGlobalIndex(NUM_INSTANCES)
+        self.new = [
+            PrefixCache(num_blocks, 16, i, self.new_index, [lambda *e: self.new_events.append(e)])
+            for i in range(NUM_INSTANCES)
+        ]
+        self.ref = [
+            ReferencePrefixCache(num_blocks, 16, i, self.ref_index, [lambda *e: self.ref_events.append(e)])
+            for i in range(NUM_INSTANCES)
+        ]
+
+    def call(self, inst: int, name: str, *args):
+        new_args = [list(a) if isinstance(a, list) else a for a in args]
+        got = getattr(self.new[inst], name)(*new_args)
+        want = getattr(self.ref[inst], name)(*args)
+        assert got == want, (name, args)
+        if name == "register_range":  # fills `keys` in place
+            assert new_args[1] == args[1]
+        return want
+
+    def assert_same_state(self, probes: list[list[int]]) -> None:
+        assert self.new_events == self.ref_events
+        for new, ref in zip(self.new, self.ref):
+            assert new.num_free_blocks == ref.num_free_blocks
+            assert new.num_evictions == ref.num_evictions
+            assert new._ref == ref._ref
+            assert list(new._free) == list(ref._free)
+            assert new._plain_free == ref._plain_free
+            assert new._copies == ref._copies
+            assert new._dup_hash == ref._dup_hash
+            assert new._next_dup == ref._next_dup
+            assert new.free_entries(5) == ref.free_entries(5)
+            for p in probes:
+                assert new.match(p, len(p)) == ref.match(p, len(p))
+                assert [new.contains(h) for h in p] == [ref.contains(h) for h in p]
+        for p in probes:
+            for cap in (0, 1, len(p) - 1, len(p)):
+                assert self.new_index.match_blocks(p, cap) == self.ref_index.match_blocks(p, cap)
+
+
+class Held:
+    def __init__(self, inst: int, hashes: list[int], keys: list[int], computed: int) -> None:
+        self.inst = inst
+        self.hashes = hashes
+        self.keys = keys
+        self.computed = computed  # blocks filled so far
+        self.decode_blocks = 0
+
+
+op = st.tuples(
+    st.sampled_from(["admit", "chunk", "decode", "release", "duplicate"]),
+    st.integers(0, NUM_INSTANCES - 1),
+    st.lists(st.integers(0, 2), min_size=1, max_size=9),  # prefix-tree path of a prompt
+    st.integers(1, 5),  # chunk size in blocks / decode blocks
+    st.integers(0, 30),  # which held request / cap trim
+    st.one_of(st.none(), st.integers(0, 8)),  # repeated hash position
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(4, 24), st.lists(op, max_size=60))
+def test_run_cache_equals_block_by_block_reference(num_blocks, operations):
+    pair = Pair(num_blocks)
+    held: list[Held] = []
+    probes: list[list[int]] = []
+    for kind, inst, path, size, pick, repeat_at in operations:
+        hashes = chain(path, repeat_at)
+        probes.append(hashes)
+        if kind in ("admit", "duplicate"):
+            # vLLM caps the hit so at least one token is computed; `pick` trims it further.
+            cap = max(0, len(hashes) - 1 - pick % 3)
+            hit = pair.call(inst, "match", hashes, cap)
+            if kind == "duplicate":
+                hit = 0  # admitted without its hit (e.g. scheduled before the twin registered)
+            first = min(len(hashes) - hit, size)
+            need = first + pair.call(inst, "num_free_among", hashes, hit)
+            if need > pair.ref[inst].num_free_blocks:
+                continue
+            keys = pair.call(inst, "touch", hashes, hit)
+            keys = keys + pair.call(inst, "allocate", first)
+            pair.call(inst, "register_range", hashes, keys, hit, hit + first)
+            held.append(Held(inst, hashes, keys, hit + first))
+        elif kind == "chunk" and held:
+            h = held[pick % len(held)]
+            more = min(size, len(h.hashes) - h.computed)
+            if more == 0 or more > pair.ref[h.inst].num_free_blocks:
+                continue
+            h.keys = h.keys + pair.call(h.inst, "allocate", more)
+            pair.call(h.inst, "register_range", h.hashes, h.keys, h.computed, h.computed + more)
+            h.computed += more
+        elif kind == "decode" and held:
+            h = held[pick % len(held)]
+            if size > pair.ref[h.inst].num_free_blocks:
+                continue
+            pair.call(h.inst, "allocate_anonymous_run", size)
+            h.decode_blocks += size
+        elif kind == "release" and held:
+            h = held.pop(pick % len(held))  # a finish, or a preemption part-way
+            pair.call(h.inst, "release", h.keys, h.decode_blocks)
+        pair.assert_same_state(probes[-6:])
+        for i, cache in enumerate(pair.new):
+            mine = [h for h in held if h.inst == i]
+            refs: dict[int, int] = {}
+            for h in mine:
+                for k in h.keys:
+                    if k != ANON:
+                        refs[k] = refs.get(k, 0) + 1
+            blocks = sum(len(h.keys) + h.decode_blocks for h in mine)
+            assert cache.check(blocks, refs) == []
+    for h in held:
+        pair.call(h.inst, "release", h.keys, h.decode_blocks)
+    pair.assert_same_state(probes)
