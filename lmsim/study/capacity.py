@@ -66,8 +66,10 @@ class Probe:
 
 
 def probe_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The experiment as the search replays it: the vllm policy, exact views, no checks."""
-    router = config.router.model_copy(update={"policy": "vllm", "params": {}, "view": {}})
+    """The experiment as the search replays it: `capacity.policy` (vllm unless set), exact
+    views, no checks."""
+    cap = config.capacity
+    router = config.router.model_copy(update={"policy": cap.policy, "params": dict(cap.params), "view": {}})
     sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
     return config.model_copy(update={"router": router, "simulation": sim})
 
@@ -148,6 +150,9 @@ def cache_key(trace: Trace, config: ExperimentConfig, search: CapacitySearch) ->
     cluster = config.cluster.model_dump(mode="json")
     cluster.pop("max_waiting", None)
     payload = {"cluster": cluster, "search": search.__dict__, "version": CRITERION_VERSION}
+    if config.capacity.policy != "vllm" or config.capacity.params:
+        # Added only off the default so every key measured under vllm stays valid.
+        payload["capacity"] = config.capacity.model_dump(mode="json")
     digest.update(json.dumps(payload, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 

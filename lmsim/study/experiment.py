@@ -79,10 +79,20 @@ def shape_workload(trace: Trace, config: ExperimentConfig) -> Trace:
         # it is measured before `limit` (see capacity_trace), and the prefix is stretched by
         # the same factor as the whole, so a smoke test at limit=50 keeps the arrival times
         # of the real run.
-        capacity, _ = find_capacity(full, config)
+        capacity, _ = find_capacity(_capacity_reference(full, config), config)
         trace = time_scale(trace, w.load * capacity / mean_rate(full))
     return trace
 
+
+
+def _capacity_reference(full: Trace, config: ExperimentConfig) -> Trace:
+    """The trace whose capacity scales `full`: itself, or for a generated workload replayed
+    under another seed (a `seeds:` repeat) the draw at `capacity.seed`. Capacity belongs to the
+    workload's distribution; measuring it per draw would both search again for every seed and
+    offer each repeat a slightly different rate."""
+    if config.workload.generator is None or config.seed == config.capacity.seed:
+        return full
+    return capacity_trace(config.model_copy(update={"seed": config.capacity.seed}))
 
 
 def capacity_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
