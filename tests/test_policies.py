@@ -367,10 +367,11 @@ def test_preble_rebalances_prefixes_away_from_a_heavy_gpu():
     ctx = FakeContext()
     c = cluster_of(ctx=ctx)
     p = make_policy("preble", ctx, rebalance_after_per_gpu=0)
-    for k in range(4):  # four independent prefixes, all forced onto GPU 0
-        req = request_with_prefix(("p", k), 8, 160)
-        p.choose(req, c)
-        p.on_routed(req, 0)
+    for k in range(4):  # four independent prefixes, two requests each, all forced onto GPU 0
+        for _ in range(2):  # Preble only moves prefixes with >= 2 requests in the window
+            req = request_with_prefix(("p", k), 8, 160)
+            p.choose(req, c)
+            p.on_routed(req, 0)
     assert p.moves > 0
     assert p.prefill_load[0] < 4 * ctx.cost_model.step_time([(128, 0)], 0, 0)
     moved = [k for k in range(4) if p._match_insert(hashes(("p", k), 8))[1][0].alloc != [0]]
@@ -539,3 +540,38 @@ def test_simple_baselines():
     rr = make_policy("round_robin")
     assert [rr.choose(make_request(16), c) for _ in range(4)] == [0, 1, 2, 0]
     assert seeds_choices("random", c, make_request(16)) == {0, 1, 2}
+
+
+def test_preble_allocation_expires_with_the_window():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    p = make_policy("preble", ctx)
+    a = request_with_prefix("sys", 8, 160)
+    assert route(p, a, c) == 0
+    ctx.advance(181.0)  # the prefix leaves the 3-minute window
+    b = request_with_prefix("sys", 8, 160)
+    p.choose(b, c)
+    assert p.expired >= 1
+    node = p._match_insert(hashes("sys", 8))[1][0]
+    assert node.alloc == []  # forgotten: b is explored, not pinned to GPU 0
+    ctx2 = FakeContext()
+    keep = make_policy("preble", ctx2, expire_allocations=False)
+    c2 = cluster_of(ctx=ctx2)
+    route(keep, request_with_prefix("sys", 8, 160), c2)
+    ctx2.advance(181.0)
+    keep.choose(request_with_prefix("sys", 8, 160), c2)
+    assert keep._match_insert(hashes("sys", 8))[1][0].alloc == [0]
+
+
+def test_preble_move_cost_adds_decode_of_live_requests():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    p = make_policy("preble", ctx, rebalance=False)
+    req = request_with_prefix(("p", 0), 8, 160)
+    route(p, req, c)
+    node = p._match_insert(hashes(("p", 0), 8))[1][0]
+    t = ctx.cost_model.step_time([(128, 0)], 0, 0)
+    # one live request: 45 output tokens x 0.15 s initial TPOT on top of the prefill share
+    assert p.node_cost(node, 0) == pytest.approx(node.contrib + 45 * 0.15)
+    assert node.contrib == pytest.approx(t)
+    assert make_policy("preble", FakeContext(), rebalance_decode=False).node_cost(node, 0) == node.contrib
