@@ -83,6 +83,17 @@ def test_approximate_view_diverges_after_eviction():
     assert view.cached_prefix_tokens(make_request(160, req.block_hashes)) == [0, 0, 0]
 
 
+def test_approximate_view_without_ttl_keeps_a_prefix_like_sglangs_tree():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    a = ViewAdapter(kv_view="approximate", approx_ttl_s=None)
+    a.bind(ctx)
+    req = make_request(160)
+    a.on_routed(req, 1)
+    ctx.advance(3600.0)  # an hour later, with no eviction pressure, SGLang still matches it
+    assert a.wrap(c).cached_prefix_tokens(make_request(160, req.block_hashes)) == [0, 144, 0]
+
+
 def test_approximate_view_lru_capacity():
     ctx = FakeContext()
     c = cluster_of(ctx=ctx)
