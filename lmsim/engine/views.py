@@ -152,6 +152,11 @@ class _InstanceProxy:
             return list(self._snap["queued_prefills"])
         return self._live.queued_prefills()
 
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        if self._snap is not None:
+            return self._snap["step_in_flight"]
+        return self._live.step_in_flight()
+
     def cached_prefix_tokens(self, request: Request) -> int:
         return self._adapter._cached_vector(request)[self.instance_id]
 
@@ -232,6 +237,7 @@ class ViewAdapter:
         for v in self._base.instances:
             snap = {f: getattr(v, f) for f in _LOAD_FIELDS}
             snap["queued_prefills"] = tuple(v.queued_prefills())
+            snap["step_in_flight"] = v.step_in_flight()  # as of the scrape, like the rest
             snaps.append(snap)
         self._snapshots = snaps
         self._rebuild()

@@ -49,6 +49,11 @@ class InstanceView(Protocol):
         and then each waiting request, in the order the instance will schedule them."""
         ...
 
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        """(seconds until the engine step running now ends, the prompt tokens that step is
+        computing for each entry of `queued_prefills()`)."""
+        ...
+
 
 class ClusterView(Protocol):
     instances: Sequence[InstanceView]
