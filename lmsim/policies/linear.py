@@ -139,7 +139,7 @@ class Dynamo(Policy):
         cached = cluster.cached_prefix_tokens(request)
         self._last = (request.request_id, cached)
         hashes = request.block_hashes
-        total_blocks = -(-isl // bsz)
+        total_blocks = isl // bsz  # complete blocks: a partial tail is prefill work only
         w = self.w
         logits = []
         for i in range(n):
@@ -182,7 +182,7 @@ class Dynamo(Policy):
         for h in hashes:
             active[h] = active.get(h, 0) + 1
         bsz = self.ctx.block_size
-        unique = -(-request.input_tokens // bsz) - len(hashes)
+        unique = request.input_tokens // bsz - len(hashes)
         self.active_unique[instance_id] += unique
         self.active_prefill[instance_id] += prefill
         self._live[request.request_id] = _Live(instance_id, prefill, hashes)
@@ -206,4 +206,4 @@ class Dynamo(Policy):
                 active[h] = left
             else:
                 del active[h]
-        self.active_unique[i] -= -(-request.input_tokens // self.ctx.block_size) - len(rec.hashes)
+        self.active_unique[i] -= request.input_tokens // self.ctx.block_size - len(rec.hashes)
