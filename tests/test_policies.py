@@ -120,7 +120,8 @@ def test_vllm_stale_view_with_optimistic_increment():
 def test_bailian_hand_computed():
     c = cluster_of(num_running=[4, 0, 2])
     c.cached_override = [128, 0, 64]  # input 160: hit 0.8, 0, 0.4
-    # max-norm BS 1, 0, .5 -> 0.44, 0.70, 0.57
+    # max-norm BS 1, 0, .5 -> 0.44, 0.70, 0.57 (min-max is the same here: min is 0)
+    assert make_policy("bailian", normalize="max").choose(make_request(160), c) == 0
     assert make_policy("bailian").choose(make_request(160), c) == 0
 
 
@@ -129,8 +130,8 @@ def test_bailian_max_and_minmax_normalisations_differ():
     c.cached_override = [0, 0, 32]
     req = make_request(160)
     # max: 1.0, 0.9, 0.85 ; minmax: 1.0, 0.5, 0.65
-    assert make_policy("bailian", lambda_=0.5).choose(req, c) == 2
-    assert make_policy("bailian", lambda_=0.5, normalize="minmax").choose(req, c) == 1
+    assert make_policy("bailian", lambda_=0.5, normalize="max").choose(req, c) == 2
+    assert make_policy("bailian", lambda_=0.5).choose(req, c) == 1  # min-max, the default
 
 
 def test_bailian_all_idle_does_not_divide_by_zero():

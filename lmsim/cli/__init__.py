@@ -191,6 +191,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
         )
         print(f"{name:16} {doc[0] if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
+        for key, why in getattr(cls, "default_reasons", {}).items():
+            default = params[key].default if key in params else "?"
+            print(f"{'':16} default {key}={default!r}: {why}")
     return 0
 
 

@@ -97,6 +97,9 @@ class Policy:
     """Base class: subclasses implement `choose` and may override the hooks."""
 
     registry_name = "?"
+    # Param -> one line on why its default is what it is, for the open choices that were
+    # measured both ways (`lmsim policies` prints them).
+    default_reasons: dict[str, str] = {}
 
     def bind(self, ctx: RouterContext) -> None:
         self.ctx = ctx
