@@ -22,7 +22,7 @@ LMETRIC = {  # variant label -> (bs_plus_one, p_token)
     "no +1, instance": (False, "instance_total"),
     "no +1, request": (False, "request"),
 }
-BASELINES = ("vllm", "bailian", "dynamo", "llmd")
+BASELINES = ("vllm", "bailian", "dynamo", "llmd", "llmd_deployed")
 GEN, LOAD, POL = "workload.generator.name", "workload.load", "router.policy"
 
 
@@ -129,21 +129,29 @@ def simple_vs(frame: pd.DataFrame, title: str, key: str, base: dict, extra: str 
 
 def main(root: Path) -> None:
     lines: list[str] = []
+
+    def section(rows: list[str]) -> None:
+        lines.extend(rows)
+        lines.append("")
+
     frame = _load(root, "choices")
     if frame is not None:
-        lines += choices_tables(frame) + [""]
+        deployed = _load(root, "choices_llmd_deployed")
+        if deployed is not None:  # llm-d with the Fig. 16 noise, same points and seeds
+            frame = pd.concat([frame, deployed.assign(**{POL: "llmd_deployed"})], ignore_index=True)
+        section(choices_tables(frame))
     frame = _load(root, "choices_bailian")
     if frame is not None:
-        lines += bailian_table(frame) + [""]
+        section(bailian_table(frame))
     frame = _load(root, "choices_hotspot")
     if frame is not None:
-        lines += hotspot_table(root, frame) + [""]
+        section(hotspot_table(root, frame))
     frame = _load(root, "dynamo_weight")
     if frame is not None:
         for trace, sub in frame.groupby(GEN):
-            lines += simple_vs(sub, f"Dynamo overlap_score_weight on {trace} (vs weight 1.0)",
-                               "router.params.overlap_score_weight",
-                               {"router.params.overlap_score_weight": 1.0}) + [""]
+            section(simple_vs(sub, f"Dynamo overlap_score_weight on {trace} (vs weight 1.0)",
+                              "router.params.overlap_score_weight",
+                              {"router.params.overlap_score_weight": 1.0}))
     frame = _load(root, "llmd_noise")
     if frame is not None:
         def arm(r: pd.Series) -> str:
@@ -155,8 +163,15 @@ def main(root: Path) -> None:
             return text
 
         frame = frame.assign(arm=frame.apply(arm, axis=1))
-        lines += simple_vs(frame, "Kimi conversation trace at 0.5: every arm vs vLLM (llm-d by "
-                           "prediction noise)", "arm", {"arm": "vllm"}) + [""]
+        section(simple_vs(frame, "Kimi conversation trace at 0.5: every arm vs vLLM (llm-d by "
+                          "prediction noise)", "arm", {"arm": "vllm"}))
+    frame = _load(root, "fig15_deployed")
+    if frame is not None:
+        frame = frame.assign(arm=frame["router.params.estimator_profile"].fillna("tuned").astype(str)
+                             + " noise " + frame["router.params.noise_rel"].astype(str))
+        for trace, sub in frame.groupby(GEN):
+            section(simple_vs(sub, f"Fig. 15 as deployed on {trace} (vs tuned, exact)", "arm",
+                              {"arm": "tuned noise 0.0"}))
     frame = _load(root, "capacity_reading")
     if frame is not None:
         for cap, sub in frame.groupby("capacity.policy"):
