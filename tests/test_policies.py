@@ -418,8 +418,9 @@ def test_lmetric_empty_instance_degeneracy_and_plus_one():
     c = cluster_of(num_running=[0, 2, 1])
     c.cached_override = [0, 144, 0]
     req = make_request(160)
-    assert make_policy("lmetric").choose(req, c) == 0  # 0 x 160 = 0 wins regardless of cache
-    assert make_policy("lmetric", bs_plus_one=True).choose(req, c) == 1  # 160, 48, 320
+    # 0 x 160 = 0 wins regardless of cache
+    assert make_policy("lmetric", bs_plus_one=False).choose(req, c) == 0
+    assert make_policy("lmetric").choose(req, c) == 1  # +1, the default: 160, 48, 320
 
 
 def test_lmetric_p_token_variants():
