@@ -16,7 +16,7 @@ from lmsim.study.capacity import (
     find_capacity,
 )
 from lmsim.study.expand import load_sweep
-from lmsim.study.experiment import capacity_trace
+from lmsim.study.experiment import capacity_seed_config, capacity_trace
 
 
 def bundle_experiments(paths: list[str], log: Any = print) -> int:
@@ -30,7 +30,7 @@ def bundle_experiments(paths: list[str], log: Any = print) -> int:
             config = validate(point.raw, where=f"{path} [{point.name}]")
             if config.workload.load is None:
                 continue
-            trace = capacity_trace(config, Path(path).resolve().parent)
+            trace = capacity_trace(capacity_seed_config(config), Path(path).resolve().parent)
             search = CapacitySearch()
             key = cache_key(trace.head(search.probe_requests), config, search)
             if key in done:

@@ -92,7 +92,14 @@ def _capacity_reference(full: Trace, config: ExperimentConfig) -> Trace:
     offer each repeat a slightly different rate."""
     if config.workload.generator is None or config.seed == config.capacity.seed:
         return full
-    return capacity_trace(config.model_copy(update={"seed": config.capacity.seed}))
+    return capacity_trace(capacity_seed_config(config))
+
+
+def capacity_seed_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The config whose workload draw a `seeds:` repeat is scaled by (see _capacity_reference)."""
+    if config.workload.generator is None or config.seed == config.capacity.seed:
+        return config
+    return config.model_copy(update={"seed": config.capacity.seed})
 
 
 def capacity_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
