@@ -125,6 +125,21 @@ class OutputConfig(_Strict):
     figures: bool = Field(True, description="write the TTFT/TPOT CDF figure")
 
 
+class CapacityConfig(_Strict):
+    policy: str = Field(
+        "vllm",
+        description="router policy the capacity search replays: `workload.load` is a fraction of "
+        "the capacity under it (vllm: of the JSQ baseline; the seed's 'maximum rate of our "
+        "testbed' may mean the best policy's)",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="that policy's params")
+    seed: int = Field(
+        0, ge=0,
+        description="a generated workload's capacity is measured on this seed's draw, so every "
+        "`seeds:` repeat offers the same mean rate (and no repeat searches again)",
+    )
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     description: str = ""
@@ -134,12 +149,16 @@ class ExperimentConfig(_Strict):
     router: RouterConfig = RouterConfig()
     simulation: SimulationConfig = SimulationConfig()
     output: OutputConfig = OutputConfig()
+    capacity: CapacityConfig = CapacityConfig()
     # A sweep over an empty list would silently run nothing; a scalar is almost always a
     # forgotten pair of brackets.
     sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
         None, description="dotted key -> non-empty list of values"
     )
     zip: list[list[str]] | None = Field(None, description="groups of sweep keys varied together")
+    seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = Field(
+        None, description="repeat every sweep point once per seed (sets `seed`)"
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

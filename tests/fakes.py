@@ -68,6 +68,7 @@ class FakeInstance:
     num_total_blocks: int = 1000
     blocks: set[int] = field(default_factory=set)
     queue: list[tuple[int, int]] = field(default_factory=list)
+    in_flight: tuple[float, list[int]] = (0.0, [])  # (seconds left, tokens per queue entry)
 
     @property
     def batch_size(self) -> int:
@@ -82,6 +83,9 @@ class FakeInstance:
 
     def queued_prefills(self) -> list[tuple[int, int]]:
         return list(self.queue)
+
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        return self.in_flight
 
 
 class FakeCluster:

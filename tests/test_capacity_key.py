@@ -31,8 +31,8 @@ def raw_experiment(**workload) -> dict:
 
 
 def key_of(raw: dict, policy: str = "vllm", search: CapacitySearch = SEARCH) -> str:
-    config = validate(raw, where="test")
-    return cache_key(workload_identity(config), config, search, policy)
+    config = validate({**raw, "capacity": {"policy": policy}}, where="test")
+    return cache_key(workload_identity(config), config, search)
 
 
 def test_key_is_the_workload_definition_not_its_numbers(monkeypatch) -> None:

@@ -120,7 +120,8 @@ def test_vllm_stale_view_with_optimistic_increment():
 def test_bailian_hand_computed():
     c = cluster_of(num_running=[4, 0, 2])
     c.cached_override = [128, 0, 64]  # input 160: hit 0.8, 0, 0.4
-    # max-norm BS 1, 0, .5 -> 0.44, 0.70, 0.57
+    # max-norm BS 1, 0, .5 -> 0.44, 0.70, 0.57 (min-max is the same here: min is 0)
+    assert make_policy("bailian", normalize="max").choose(make_request(160), c) == 0
     assert make_policy("bailian").choose(make_request(160), c) == 0
 
 
@@ -129,8 +130,8 @@ def test_bailian_max_and_minmax_normalisations_differ():
     c.cached_override = [0, 0, 32]
     req = make_request(160)
     # max: 1.0, 0.9, 0.85 ; minmax: 1.0, 0.5, 0.65
-    assert make_policy("bailian", lambda_=0.5).choose(req, c) == 2
-    assert make_policy("bailian", lambda_=0.5, normalize="minmax").choose(req, c) == 1
+    assert make_policy("bailian", lambda_=0.5, normalize="max").choose(req, c) == 2
+    assert make_policy("bailian", lambda_=0.5).choose(req, c) == 1  # min-max, the default
 
 
 def test_bailian_all_idle_does_not_divide_by_zero():
@@ -367,10 +368,11 @@ def test_preble_rebalances_prefixes_away_from_a_heavy_gpu():
     ctx = FakeContext()
     c = cluster_of(ctx=ctx)
     p = make_policy("preble", ctx, rebalance_after_per_gpu=0)
-    for k in range(4):  # four independent prefixes, all forced onto GPU 0
-        req = request_with_prefix(("p", k), 8, 160)
-        p.choose(req, c)
-        p.on_routed(req, 0)
+    for k in range(4):  # four independent prefixes, two requests each, all forced onto GPU 0
+        for _ in range(2):  # Preble only moves prefixes with >= 2 requests in the window
+            req = request_with_prefix(("p", k), 8, 160)
+            p.choose(req, c)
+            p.on_routed(req, 0)
     assert p.moves > 0
     assert p.prefill_load[0] < 4 * ctx.cost_model.step_time([(128, 0)], 0, 0)
     moved = [k for k in range(4) if p._match_insert(hashes(("p", k), 8))[1][0].alloc != [0]]
@@ -416,8 +418,9 @@ def test_lmetric_empty_instance_degeneracy_and_plus_one():
     c = cluster_of(num_running=[0, 2, 1])
     c.cached_override = [0, 144, 0]
     req = make_request(160)
-    assert make_policy("lmetric").choose(req, c) == 0  # 0 x 160 = 0 wins regardless of cache
-    assert make_policy("lmetric", bs_plus_one=True).choose(req, c) == 1  # 160, 48, 320
+    # 0 x 160 = 0 wins regardless of cache
+    assert make_policy("lmetric", bs_plus_one=False).choose(req, c) == 0
+    assert make_policy("lmetric").choose(req, c) == 1  # +1, the default: 160, 48, 320
 
 
 def test_lmetric_p_token_variants():
@@ -539,3 +542,38 @@ def test_simple_baselines():
     rr = make_policy("round_robin")
     assert [rr.choose(make_request(16), c) for _ in range(4)] == [0, 1, 2, 0]
     assert seeds_choices("random", c, make_request(16)) == {0, 1, 2}
+
+
+def test_preble_allocation_expires_with_the_window():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    p = make_policy("preble", ctx)
+    a = request_with_prefix("sys", 8, 160)
+    assert route(p, a, c) == 0
+    ctx.advance(181.0)  # the prefix leaves the 3-minute window
+    b = request_with_prefix("sys", 8, 160)
+    p.choose(b, c)
+    assert p.expired >= 1
+    node = p._match_insert(hashes("sys", 8))[1][0]
+    assert node.alloc == []  # forgotten: b is explored, not pinned to GPU 0
+    ctx2 = FakeContext()
+    keep = make_policy("preble", ctx2, expire_allocations=False)
+    c2 = cluster_of(ctx=ctx2)
+    route(keep, request_with_prefix("sys", 8, 160), c2)
+    ctx2.advance(181.0)
+    keep.choose(request_with_prefix("sys", 8, 160), c2)
+    assert keep._match_insert(hashes("sys", 8))[1][0].alloc == [0]
+
+
+def test_preble_move_cost_adds_decode_of_live_requests():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    p = make_policy("preble", ctx, rebalance=False)
+    req = request_with_prefix(("p", 0), 8, 160)
+    route(p, req, c)
+    node = p._match_insert(hashes(("p", 0), 8))[1][0]
+    t = ctx.cost_model.step_time([(128, 0)], 0, 0)
+    # one live request: 45 output tokens x 0.15 s initial TPOT on top of the prefill share
+    assert p.node_cost(node, 0) == pytest.approx(node.contrib + 45 * 0.15)
+    assert node.contrib == pytest.approx(t)
+    assert make_policy("preble", FakeContext(), rebalance_decode=False).node_cost(node, 0) == node.contrib

@@ -49,14 +49,17 @@ def test_lmetric_policy_invariant_to_integer_rescaling_of_its_inputs(data):
     p_token = data.draw(st.sampled_from(["instance_total", "request"]))
     seed = data.draw(st.integers(0, 1000))
 
-    def decide(ts, cs):
+    def decide(ts, cs, plus_one):
         c = cluster_of(n, num_running=[r * cs for r in run], num_waiting=[q * cs for q in wait],
                        pending_prefill_tokens=[x * ts for x in pend])
         c.cached_override = [x * 16 * ts for x in cached]
-        pol = make_policy("lmetric", FakeContext(n, seed=seed), p_token=p_token)
+        pol = make_policy("lmetric", FakeContext(n, seed=seed), p_token=p_token,
+                          bs_plus_one=plus_one)
         return pol.choose(make_request(blocks * 16 * ts, request_id=1), c)
 
-    assert decide(1, 1) == decide(a, 1) == decide(1, b)
+    # Token rescaling never changes the pick; count rescaling only without +1 (BS+1 is affine).
+    assert decide(1, 1, True) == decide(a, 1, True)
+    assert decide(1, 1, False) == decide(a, 1, False) == decide(1, b, False)
 
 
 @st.composite

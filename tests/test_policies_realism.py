@@ -44,6 +44,24 @@ def test_estimate_ttft_partial_prefill_is_already_admitted():
     assert got == pytest.approx(want, rel=1e-12)
 
 
+def test_estimate_ttft_waits_for_the_step_in_flight():
+    inst = FakeInstance(0, num_running=3, num_prefilling=1, decode_context_tokens=200,
+                        queue=[(40, 24)])
+    step = (0.004, [40])  # 4 ms left; the running step finishes the partial prefill
+    # After it: 3 decodes, context 200 + 2 (the two decodes grew) + 65 (the new decode).
+    want = 0.004 + 0.01 + 30e-4 + 3e-3 + 1e-6 * (267 + 30)
+    assert estimate_ttft(inst, 30, 0, LIN, 64, 256, step) == pytest.approx(want, rel=1e-12)
+    # Ignoring it re-plans the partial prefill from scratch (here: two steps, higher).
+    assert estimate_ttft(inst, 30, 0, LIN, 64, 256) == pytest.approx(
+        (0.01 + 62e-4 + 2e-3 + 1e-6 * (200 + 64 + 22)) + (0.01 + 8e-4 + 3e-3 + 1e-6 * (267 + 30)),
+        rel=1e-12)
+    # Mid decode step, ignoring it lets the request join a step under way: low by 4 ms.
+    decoding = FakeInstance(0, num_running=2, decode_context_tokens=200, in_flight=(0.004, []))
+    aware = estimate_ttft(decoding, 30, 0, LIN, 64, 256, decoding.in_flight)
+    naive = estimate_ttft(decoding, 30, 0, LIN, 64, 256)
+    assert aware - naive == pytest.approx(0.004 + 2e-6, rel=1e-9)
+
+
 def test_estimate_ttft_one_token_chunk_is_priced_as_a_decode():
     got = estimate_ttft(FakeInstance(0), 1, 144, LIN, 64, 256)
     assert got == pytest.approx(0.01 + 1e-3 + 1e-6 * 145, rel=1e-12)
@@ -81,6 +99,17 @@ def test_approximate_view_diverges_after_eviction():
     assert view.instances[1].cached_prefix_tokens(again) == 144
     ctx.advance(121.0)  # until its TTL runs out
     assert view.cached_prefix_tokens(make_request(160, req.block_hashes)) == [0, 0, 0]
+
+
+def test_approximate_view_without_ttl_keeps_a_prefix_like_sglangs_tree():
+    ctx = FakeContext()
+    c = cluster_of(ctx=ctx)
+    a = ViewAdapter(kv_view="approximate", approx_ttl_s=None)
+    a.bind(ctx)
+    req = make_request(160)
+    a.on_routed(req, 1)
+    ctx.advance(3600.0)  # an hour later, with no eviction pressure, SGLang still matches it
+    assert a.wrap(c).cached_prefix_tokens(make_request(160, req.block_hashes)) == [0, 144, 0]
 
 
 def test_approximate_view_lru_capacity():

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -272,3 +273,55 @@ def test_scheduler_needs_dask_executor(tmp_path: Path) -> None:
     exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment())
     with pytest.raises(SweepError, match="--scheduler needs --executor dask"):
         run_sweep(exp, out=tmp_path / "s", scheduler="tcp://127.0.0.1:9", progress=False)
+
+
+def test_seeds_repeat_every_point_and_index_keeps_the_seed(tmp_path: Path) -> None:
+    raw = tiny_experiment(sweep={"router.policy": ["vllm", "lmetric"]}, seeds=[0, 3])
+    points = expand_sweep(raw, where="x.yaml")
+    assert [p.name for p in points] == [
+        "router.policy=vllm,seed=0", "router.policy=vllm,seed=3",
+        "router.policy=lmetric,seed=0", "router.policy=lmetric,seed=3",
+    ]
+    assert [p.raw["seed"] for p in points] == [0, 3, 0, 3]
+    assert all("seeds" not in p.raw for p in points)
+    exp = write_experiment(tmp_path / "exp.yaml", raw)
+    assert run_sweep(exp, out=tmp_path / "out", progress=False).exit_code == 0
+    index = read_index(tmp_path / "out")
+    assert index.attrs["sweep_keys"] == ["router.policy", "seed"]
+    assert sorted(index["seed"].tolist()) == [0, 0, 3, 3]
+    # Another seed draws another workload: the repeats are not copies of one run.
+    vllm = index[index["router.policy"] == "vllm"].set_index("seed")
+    assert vllm.loc[0, "num_finished"] != vllm.loc[3, "num_finished"] or (
+        vllm.loc[0, "ttft_s_mean"] != vllm.loc[3, "ttft_s_mean"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ([], "x.yaml: seeds: expected a non-empty list"),
+        ([0, 0], "x.yaml: seeds: repeated seed"),
+        ([-1], "x.yaml: seeds: -1 is not a non-negative integer"),
+    ],
+)
+def test_bad_seeds_are_one_line(seeds: Any, message: str) -> None:
+    with pytest.raises(LmsimError) as info:
+        expand_sweep(tiny_experiment(seeds=seeds), where="x.yaml")
+    assert str(info.value).startswith(message)
+    with pytest.raises(LmsimError) as both:
+        expand_sweep(tiny_experiment(sweep={"seed": [1]}, seeds=[2]), where="x.yaml")
+    assert "either seeds: or sweep.seed" in str(both.value)
+
+
+def test_a_seed_repeat_is_scaled_by_the_reference_seeds_capacity() -> None:
+    from lmsim.config import validate
+    from lmsim.study.experiment import _capacity_reference, capacity_trace
+
+    raw = tiny_experiment()
+    raw["seed"] = 2
+    config = validate(raw, where="x")
+    own = capacity_trace(config)
+    ref = _capacity_reference(own, config)
+    raw["seed"] = 0
+    assert np.array_equal(ref.arrival_s, capacity_trace(validate(raw, where="x")).arrival_s)
+    assert not np.array_equal(own.arrival_s, ref.arrival_s)

@@ -275,6 +275,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
         )
         print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
+        for key, why in getattr(cls, "default_reasons", {}).items():
+            default = params[key].default if key in params else "?"
+            print(f"{'':16} default {key}={default!r}: {why}")
     return 0
 
 

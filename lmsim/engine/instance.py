@@ -81,6 +81,19 @@ class Instance:
         self.scheduler.advance(started, completed)
         self.next_boundary = times[started] if started < k else INF
 
+    def step_in_flight(self) -> tuple[float, dict[int, int]]:
+        """Seconds until the step running now ends, and the prompt tokens it is computing per
+        request id (empty when idle or in a decode-only step). A request arriving now can
+        join only the step after it."""
+        plan = self._plan
+        if plan is None:
+            return 0.0, {}
+        now = self.env.now
+        times = self._times
+        j = min(max(bisect_right(times, now, 0, plan.num_steps) - 1, 0), plan.num_steps - 1)
+        chunks = {r.request_id: q for r, q in plan.chunks} if j == 0 else {}
+        return max(0.0, times[j + 1] - now), chunks
+
     # -- the engine loop -----------------------------------------------------------------
 
     def _wake(self, _event: simpy.Event) -> None:

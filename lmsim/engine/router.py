@@ -77,6 +77,15 @@ class LiveInstanceView:
     def queued_prefills(self) -> list[tuple[int, int]]:
         return self._scheduler.queued_prefills()
 
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        """(seconds until the running step ends, prompt tokens it computes for each entry of
+        `queued_prefills()`, in the same order)."""
+        remaining, chunks = self._instance.step_in_flight()
+        sched = self._scheduler
+        q = [chunks.get(r.request_id, 0) for r in sched.prefilling]
+        q.extend(0 for _ in sched.waiting)
+        return remaining, q
+
 
 class LiveClusterView:
     def __init__(

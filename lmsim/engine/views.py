@@ -8,7 +8,10 @@ switches:
   - `approximate`: the router's own index of the prompts it routed (block hash -> instance ->
     last routed time), expired after `approx_ttl_s` and LRU-bounded to
     `approx_capacity_blocks` hashes; it never hears about engine evictions (SGLang, AIBrix,
-    llm-d approx, Dynamo `--no-kv-events`);
+    llm-d approx, Dynamo `--no-kv-events`). The 120 s TTL is Dynamo's and llm-d's; SGLang's
+    radix tree has no TTL and keeps a prefix until its size-bounded LRU trims it, so model
+    SGLang with `approx_ttl_s: null` (capacity-bounded only; Dynamo's
+    `router_approximate_cache_policy: lru` is the same);
   - `events`: a replica of the caches built from the instances' KV stored/removed events,
     each applied `kv_event_delay_s` after it happened (Dynamo / llm-d precise).
 * `load_view` — the per-instance load fields (`num_running`, `num_waiting`, `batch_size`,
@@ -149,6 +152,11 @@ class _InstanceProxy:
             return list(self._snap["queued_prefills"])
         return self._live.queued_prefills()
 
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        if self._snap is not None:
+            return self._snap["step_in_flight"]
+        return self._live.step_in_flight()
+
     def cached_prefix_tokens(self, request: Request) -> int:
         return self._adapter._cached_vector(request)[self.instance_id]
 
@@ -179,14 +187,18 @@ class ViewAdapter:
         *,
         kv_view: str = "exact",
         kv_event_delay_s: float = 0.05,
-        approx_ttl_s: float = 120.0,
+        approx_ttl_s: float | None = 120.0,
         approx_capacity_blocks: int = 200000,
         load_view: str = "exact",
         scrape_interval_s: float = 0.1,
     ) -> None:
         self.kv_view = check_choice("kv_view", kv_view, ("exact", "approximate", "events"))
         self.kv_event_delay_s = check_number("kv_event_delay_s", kv_event_delay_s, lo=0)
-        self.approx_ttl_s = check_number("approx_ttl_s", approx_ttl_s, lo=0, lo_open=True)
+        # None: no TTL, entries live until the LRU capacity pushes them out (SGLang).
+        self.approx_ttl_s = (
+            float("inf") if approx_ttl_s is None
+            else check_number("approx_ttl_s", approx_ttl_s, lo=0, lo_open=True)
+        )
         self.approx_capacity_blocks = check_number(
             "approx_capacity_blocks", approx_capacity_blocks, lo=1, integer=True
         )
@@ -225,6 +237,7 @@ class ViewAdapter:
         for v in self._base.instances:
             snap = {f: getattr(v, f) for f in _LOAD_FIELDS}
             snap["queued_prefills"] = tuple(v.queued_prefills())
+            snap["step_in_flight"] = v.step_in_flight()  # as of the scrape, like the rest
             snaps.append(snap)
         self._snapshots = snaps
         self._rebuild()

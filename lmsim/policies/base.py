@@ -49,6 +49,11 @@ class InstanceView(Protocol):
         and then each waiting request, in the order the instance will schedule them."""
         ...
 
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        """(seconds until the engine step running now ends, the prompt tokens that step is
+        computing for each entry of `queued_prefills()`)."""
+        ...
+
 
 class ClusterView(Protocol):
     instances: Sequence[InstanceView]
@@ -92,6 +97,9 @@ class Policy:
     """Base class: subclasses implement `choose` and may override the hooks."""
 
     registry_name = "?"
+    # Param -> one line on why its default is what it is, for the open choices that were
+    # measured both ways (`lmsim policies` prints them).
+    default_reasons: dict[str, str] = {}
 
     def bind(self, ctx: RouterContext) -> None:
         self.ctx = ctx

@@ -38,13 +38,23 @@ def lmetric_pick(
 class LMetric(Policy):
     """LMetric (policies.md §9a): `score_i = P_token_i × BS_i`, routed to the minimum.
 
-    Params (the paper's exact definitions are TODO in the spec; defaults follow its
-    recommendation):
+    Params (the paper leaves the exact definitions open; both ways of each were measured,
+    experiments/paper/choices*.yaml, 3 seeds, numbers in the claims table of
+    experiments/paper/README.md):
       p_token="instance_total": `pending_prefill_tokens_i + (input − cached_i)`, the new
-        prefill tokens instance i would hold; "request": `input − cached_i` only.
-      bs_plus_one=False: BS_i = R_i + Q_i; True adds 1 (as three of four third-party
-        reimplementations do), which removes the empty-batch degeneracy where every idle
-        instance scores 0 whatever its cache.
+        prefill tokens instance i would hold; "request": `input − cached_i` only. Request-only
+        P-token ignores the prefill already queued, so it piles requests onto cached but busy
+        instances: on ChatBot its mean TTFT is 43%, 80% and 100% above instance-total at
+        loads 0.3, 0.6, 0.9 (0.18 vs 0.13 s at 0.3) for a 2-4 point higher hit ratio. The
+        seed's "LMetric beats vLLM on TTFT" needs instance-total.
+      bs_plus_one=True: BS_i = R_i + Q_i + 1 (as three of four third-party
+        reimplementations do); False is R_i + Q_i. Without +1 every idle instance scores 0
+        whatever its cache, so LMetric becomes join-idle whenever an instance is idle: on
+        Coder at 0.5, where 7.3 of 16 instances are idle on average, hit ratio 0.22 instead
+        of 0.51 and mean TTFT 17.4 s instead of 11.5 s. With +1 LMetric also reproduces the
+        seed's Figure 21 failure: during the hotspot burst its mean TPOT is 8-13% worse than
+        vLLM's (5-7% without +1), because the product keeps favouring the instances that
+        hold the hot prefix. On ChatBot the two are within noise (few idle instances).
       bs_source="engine": R_i + Q_i from the instance; "inflight": the router's own count of
         requests dispatched and not finished.
       tie_break="random": seeded uniform among equal scores; "rotate": first strict minimum
@@ -62,7 +72,7 @@ class LMetric(Policy):
         self,
         *,
         p_token: str = "instance_total",
-        bs_plus_one: bool = False,
+        bs_plus_one: bool = True,
         bs_source: str = "engine",
         tie_break: str = "random",
         load_indicator: str = "batch_size",
@@ -76,6 +86,13 @@ class LMetric(Policy):
         self.tie_break = check_choice("tie_break", tie_break, ("random", "rotate", "first"))
         self.inflight = InflightCounter()
         self._start = 0
+
+    default_reasons = {
+        "bs_plus_one": "without +1 an idle instance scores 0 whatever its cache (join-idle): "
+        "Coder hit 0.22 vs 0.51; +1 reproduces the Fig. 21 burst failure",
+        "p_token": "request-only P-token ignores queued prefill: ChatBot mean TTFT +43% to "
+        "+100% vs instance-total (3 seeds, loads 0.3-0.9)",
+    }
 
     def factors(
         self, request: Request, cluster: ClusterView, cached: list[int]
@@ -161,7 +178,7 @@ class LMetricHotspot(LMetric):
         log_interval_s: float = 60.0,
         warmup_s: float | None = None,
         p_token: str = "instance_total",
-        bs_plus_one: bool = False,
+        bs_plus_one: bool = True,
         bs_source: str = "engine",
         tie_break: str = "random",
         load_indicator: str = "batch_size",

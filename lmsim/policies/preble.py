@@ -14,7 +14,8 @@ from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 class _Node:
     """A radix-tree segment of block hashes. `context` is the tokens before it."""
 
-    __slots__ = ("alloc", "children", "context", "contrib", "hashes", "misses", "parent", "ttfts")
+    __slots__ = ("alloc", "children", "context", "contrib", "hashes", "last_seen", "live", "misses",
+                 "parent", "ttfts", "window")
 
     def __init__(self, hashes: list[int], parent: _Node | None, context: int) -> None:
         self.hashes = hashes
@@ -24,6 +25,9 @@ class _Node:
         self.alloc: list[int] = []  # GPUs the prefix is allocated to, in allocation order
         self.misses = 0  # window requests that had to compute this segment
         self.contrib = 0.0  # prefill-cost share currently added to each GPU in alloc
+        self.window = 0  # requests in the window whose prompt covers this segment
+        self.last_seen = -1.0  # when a request last covered it
+        self.live = 0  # live requests whose important node this is
         self.ttfts: dict[int, deque[tuple[float, float]]] = {}  # gpu -> (t, ttft) in window
 
 
@@ -52,13 +56,22 @@ class Preble(Policy):
     Params: window_s=180, th_bal=1.5, rebalance=True, rebalance_after_per_gpu=50,
       replicate=True, ttft_overload_factor=2.0, default_output_len=45, initial_tpot_s=0.15,
       include_request_prefill=False (the paper's P_i term: add this request's own prefill cost
-      on each GPU, from the router's KV view), estimator_profile=None (engine's profile).
+      on each GPU, from the router's KV view), estimator_profile=None (engine's profile),
+      expire_allocations=True (a prefix's GPU allocation clears when no request in the last
+      `window_s` covered it, as Preble's window does; False keeps allocations forever, the
+      earlier lmsim behaviour), rebalance_decode=True (a prefix's move cost is its prefill share
+      plus the decode cost of its live requests; False: prefill only), min_window_requests=2
+      (only prefixes with at least this many window requests are moved; Preble ignores
+      one-off prefixes).
     Tie-break: the lowest GPU id among equal costs (Preble takes `min` over its GPU list).
     Deviations: block-hash tree instead of token ids; the eviction term M_i is off (as in
     Preble's default path); live requests count on their own GPU, not per tree node; one
     heavy/light pair per rebalancing attempt, attempted after every routing decision; output
     length and TPOT are learned from finished requests (`num_output_done`, timestamps), the
-    way Preble records them; the tree is never pruned.
+    way Preble records them; the tree is never pruned (expired segments keep their node but
+    lose their allocation). Moving a prefix moves its decode cost only in the rebalancer's
+    own running totals: live requests stay on their GPU, so `load_cost` sees the move as the
+    prefill share until they finish.
     """
 
     def __init__(
@@ -74,6 +87,9 @@ class Preble(Policy):
         initial_tpot_s: float = 0.15,
         include_request_prefill: bool = False,
         estimator_profile: str | dict | None = None,
+        expire_allocations: bool = True,
+        rebalance_decode: bool = True,
+        min_window_requests: int = 2,
     ) -> None:
         self.window_s = check_number("window_s", window_s, lo=0, lo_open=True)
         self.th_bal = check_number("th_bal", th_bal, lo=1)
@@ -87,8 +103,15 @@ class Preble(Policy):
         self.tpot0 = check_number("initial_tpot_s", initial_tpot_s, lo=0, lo_open=True)
         self.include_prefill = check_bool("include_request_prefill", include_request_prefill)
         self.estimator_profile = estimator_profile
+        self.expire_allocations = check_bool("expire_allocations", expire_allocations)
+        self.rebalance_decode = check_bool("rebalance_decode", rebalance_decode)
+        self.min_window_requests = check_number(
+            "min_window_requests", min_window_requests, lo=1, integer=True
+        )
         self.root = _Node([], None, 0)
         self._misses: deque[tuple[float, _Node]] = deque()
+        self._seen: deque[tuple[float, _Node]] = deque()  # (t, node) per request and segment
+        self.expired = 0
         self.prefill_load: list[float] = []
         self.live: list[int] = []
         self.tpots: list[deque[float]] = []
@@ -143,6 +166,18 @@ class Preble(Policy):
             _, node = misses.popleft()
             node.misses -= 1
             self._update_contrib(node)
+        seen = self._seen
+        while seen and seen[0][0] <= horizon:
+            _, node = seen.popleft()
+            node.window -= 1
+            if self.expire_allocations and node.last_seen <= horizon and node.alloc:
+                # Preble forgets where a prefix lives once no request in the window used it,
+                # so a returning prefix is explored afresh instead of pinned to a stale GPU.
+                for g in node.alloc:
+                    self.prefill_load[g] -= node.contrib
+                node.alloc = []
+                node.contrib = 0.0
+                self.expired += 1
 
     # ---- radix tree --------------------------------------------------------------------
     def _match_insert(self, hashes: list[int]) -> tuple[int, list[_Node]]:
@@ -177,6 +212,7 @@ class Preble(Policy):
         for c in tail.children.values():
             c.parent = tail
         tail.alloc = list(node.alloc)
+        tail.window, tail.last_seen = node.window, node.last_seen
         node.hashes = node.hashes[:k]
         node.children = {tail.hashes[0]: tail}
         self._update_contrib(node)  # its segment got shorter
@@ -226,12 +262,17 @@ class Preble(Policy):
         if self._pending is not None and self._pending[0] == request.request_id:
             _, path, important = self._pending
         for node in path:
+            node.window += 1
+            node.last_seen = now
+            self._seen.append((now, node))
             if g not in node.alloc:
                 node.misses += 1
                 self._misses.append((now, node))
                 node.alloc.append(g)
                 self._update_contrib(node)
         self.live[g] += 1
+        if important is not None:
+            important.live += 1
         self._req[request.request_id] = (g, important)
         self.routed += 1
         if self.rebalance and self.routed >= self.rebalance_after * len(self.live):
@@ -246,11 +287,18 @@ class Preble(Policy):
             stack.extend(node.children.values())
             if (
                 node.alloc == [g]
-                and node.contrib > 0
+                and node.window >= self.min_window_requests
                 and len(node.hashes) * self.ctx.block_size > node.context
             ):
                 out.append(node)
         return out
+
+    def node_cost(self, node: _Node, g: int) -> float:
+        """What moving `node` off GPU g takes from it: its prefill share plus the decode cost
+        of its live requests (Preble's rebalancer prices prefill and decode)."""
+        if not self.rebalance_decode:
+            return node.contrib
+        return node.contrib + node.live * self.out_med * self.tpot_med[g]
 
     def _move(self, node: _Node, src: int, dst: int) -> None:
         stack = [node]
@@ -275,7 +323,7 @@ class Preble(Policy):
         light = min(range(n), key=lambda g: (costs[g], g))
         if costs[heavy] <= 0 or costs[heavy] < self.th_bal * costs[light]:
             return
-        movable = sorted(self._movable(heavy), key=lambda x: x.contrib)
+        movable = sorted(self._movable(heavy), key=lambda x: self.node_cost(x, heavy))
         if len(movable) == 1:
             node = movable[0]
             if self.replicate and self._ttft_overloaded(node, heavy, now):
@@ -285,7 +333,9 @@ class Preble(Policy):
             return
         hv, lt = costs[heavy], costs[light]
         for node in movable:
-            c = node.contrib
+            c = self.node_cost(node, heavy)
+            if c <= 0:
+                continue
             if lt + c > hv - c or hv < self.th_bal * lt:
                 break  # the move would overshoot, or the pair is balanced
             self._move(node, heavy, light)
@@ -321,6 +371,8 @@ class Preble(Policy):
             return
         g = rec[0]
         self.live[g] -= 1
+        if rec[1] is not None:
+            rec[1].live -= 1
         n_out = request.num_output_done
         if n_out > 0:
             self.out_lens.append(n_out)

@@ -26,6 +26,7 @@ def estimate_ttft(
     cost_model: Any,
     max_num_batched_tokens: int,
     max_num_seqs: int,
+    in_flight: tuple[float, list[int]] | None = None,
 ) -> float:
     """Seconds from now until the first token of a request with `uncached_tokens` to compute
     (`cached_tokens` already in KV) appended to the instance's waiting queue, replaying
@@ -41,7 +42,11 @@ def estimate_ttft(
     Exact for an idle instance. Simplifications (a router cannot know better):
       * no request finishes during the horizon (output lengths are unknown), so the decode
         batch only grows; each decode's context grows by one token per step;
-      * the step in flight at decision time is ignored: the first simulated step starts now;
+      * `in_flight` = (seconds left, prompt tokens per queue entry) of the engine step running
+        at decision time: the request cannot join it, so the simulation starts when it ends,
+        from the state it leaves. Without it (`None`) the first simulated step starts now
+        from the pre-step state, which lets the request join a step already under way and
+        makes most predictions low;
       * running decodes are scheduled before running partial prefills (in vLLM they are
         interleaved in admission order; partial prefills are usually the newest);
       * no preemption, no KV-capacity limit on admission.
@@ -54,8 +59,21 @@ def estimate_ttft(
     # [remaining, computed, admitted]
     queue = [[r, c, k < state.num_prefilling] for k, (r, c) in enumerate(state.queued_prefills())]
     target = [uncached_tokens, cached_tokens, False]
-    queue.append(target)
     elapsed = 0.0
+    if in_flight is not None:
+        elapsed, done_q = in_flight
+        dctx += decodes  # the step's decodes each add a token
+        still = []
+        for item, q in zip(queue, done_q):
+            item[0] -= q
+            item[1] += q
+            if item[0] <= 0:  # the step finishes this prompt: it decodes from the next one
+                decodes += 1
+                dctx += item[1] + 1
+            else:
+                still.append(item)
+        queue = still + queue[len(done_q):]
+    queue.append(target)
     step_time = cost_model.step_time
     while True:
         budget = budget_max
@@ -109,15 +127,31 @@ class LlmdPredicted(Policy):
     Params:
       estimator_profile=None: the engine's own profile (a "well-tuned simulator"); or any
         profile spec (`"h20/qwen2-7b"`, a linear dict) for the paper's "untuned simulator".
-      noise_rel=0.0 (>= 0): multiply each estimate by max(0, 1 + noise_rel·N(0, 1)) to mimic
-        predictor error.
+      noise_rel=0.0 (>= 0): multiply each estimate by max(0, 1 + noise_rel·N(0, 1)), drawn
+        per instance and decision, to mimic a deployed predictor's error. 0.12 is llm-d as
+        deployed: it makes P(|error| > 20%) = 10%, the seed's Figure 16 for the tuned
+        simulator (errors from API-server reordering and unmodelled effects, which no
+        rescaled cost model produces). The exact estimator is the default so that "tuned
+        vs untuned" isolates the cost model; the reduced reproduction runs both.
       record_predictions=True: log the chosen instance's prediction as a `ttft_prediction`
         router event (request_id, instance_id, predicted_ttft_s) for Figure 16.
+      in_flight_step=True: start the estimate when the engine step running now ends, from
+        the state it leaves (a request cannot join a step under way); False ignores it, the
+        earlier lmsim estimator. Measured on ChatBot (1,500 requests at 0.6 of capacity,
+        exact cost model): with it 0.7% of requests are mispredicted by more than 20% and
+        47% are predicted low; without it 41% and 97%.
     Tie-break: seeded random among equal estimates.
     Deviation: the real llm-d predicted-latency path uses an online XGBoost regressor, not a
     simulator; this is the paper's framing. The load fields read follow the router's
     `load_view` (exact or scraped).
     """
+
+    default_reasons = {
+        "in_flight_step": "a request cannot join a step under way; ignoring it mispredicted 41% "
+        "of ChatBot requests by > 20% (0.7% with it)",
+        "noise_rel": "exact estimator by default; 0.12 reproduces the seed's Fig. 16 (10% of "
+        "requests > 20% error), llm-d as deployed",
+    }
 
     def __init__(
         self,
@@ -125,7 +159,9 @@ class LlmdPredicted(Policy):
         estimator_profile: str | dict | None = None,
         noise_rel: float = 0.0,
         record_predictions: bool = True,
+        in_flight_step: bool = True,
     ) -> None:
+        self.in_flight_step = check_bool("in_flight_step", in_flight_step)
         if estimator_profile is not None and not isinstance(estimator_profile, str | dict):
             raise ValueError(
                 "param 'estimator_profile' must be a profile name or a mapping, "
@@ -145,8 +181,9 @@ class LlmdPredicted(Policy):
         cached = cluster.cached_prefix_tokens(request)
         cm, mbt, mns = self.cost_model, ctx.max_num_batched_tokens, ctx.max_num_seqs
         isl = request.input_tokens
+        use_step = self.in_flight_step
         est = [
-            estimate_ttft(v, isl - c, c, cm, mbt, mns)
+            estimate_ttft(v, isl - c, c, cm, mbt, mns, v.step_in_flight() if use_step else None)
             for v, c in zip(cluster.instances, cached)
         ]
         if self.noise_rel > 0:

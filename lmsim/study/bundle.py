@@ -19,7 +19,7 @@ from lmsim.study.capacity import (
     resolve_capacity,
 )
 from lmsim.study.expand import load_sweep
-from lmsim.study.experiment import capacity_trace, workload_identity
+from lmsim.study.experiment import capacity_seed_config, capacity_trace, workload_identity
 
 
 def bundle_experiments(paths: list[str], log: Any = print, *, refresh: bool = False) -> int:
@@ -38,7 +38,7 @@ def bundle_experiments(paths: list[str], log: Any = print, *, refresh: bool = Fa
             config = validate(point.raw, where=f"{path} [{point.name}]")
             if config.workload.load is None:
                 continue
-            identity = workload_identity(config, experiment_dir)
+            identity = workload_identity(capacity_seed_config(config), experiment_dir)
             key = cache_key(identity, config, search)
             if key in done:
                 continue
@@ -46,7 +46,7 @@ def bundle_experiments(paths: list[str], log: Any = print, *, refresh: bool = Fa
             if key in bundled:
                 log(f"{path} [{point.name}]: bundled already ({bundled[key]['rate']:.4g} req/s)")
                 continue
-            trace = capacity_trace(config, experiment_dir)
+            trace = capacity_trace(capacity_seed_config(config), experiment_dir)
             found = resolve_capacity(trace, config, search, workload=identity, use_cache=False, log=log)
             entry = {
                 "rate": found.rate, "probes": [p.__dict__ for p in found.probes],

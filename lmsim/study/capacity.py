@@ -52,9 +52,6 @@ from lmsim.workload.trace import Trace
 CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
 BUNDLED_PATH = BUNDLED_CAPACITIES
 CRITERION_VERSION = 4
-# The policy whose sustainable rate defines "capacity" (the study's vLLM JSQ router). A
-# parameter everywhere below, so a config field can choose another without re-keying.
-REFERENCE_POLICY = "vllm"
 
 
 @dataclass(frozen=True)
@@ -87,9 +84,11 @@ class Capacity:
     probes: list[Probe] = field(default_factory=list)
 
 
-def probe_config(config: ExperimentConfig, policy: str = REFERENCE_POLICY) -> ExperimentConfig:
-    """The experiment as the search replays it: the reference policy, exact views, no checks."""
-    router = config.router.model_copy(update={"policy": policy, "params": {}, "view": {}})
+def probe_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as the search replays it: `capacity.policy` (vllm unless set), exact
+    views, no checks."""
+    cap = config.capacity
+    router = config.router.model_copy(update={"policy": cap.policy, "params": dict(cap.params), "view": {}})
     sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
     return config.model_copy(update={"router": router, "simulation": sim})
 
@@ -125,7 +124,7 @@ def idle_arrivals(trace: Trace, service: dict[tuple[int, int], float]) -> np.nda
 
 
 def is_sustainable(
-    trace: Trace, config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+    trace: Trace, config: ExperimentConfig, search: CapacitySearch
 ) -> tuple[bool, str]:
     from lmsim.engine.simulation import Simulation
     from lmsim.profile import load_cost_model
@@ -138,7 +137,7 @@ def is_sustainable(
         for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
     }
     drain = search.drain_factor * max(service.values()) + search.drain_slack_s
-    cfg = probe_config(config, policy)
+    cfg = probe_config(config)
     cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
     # Lateness is judged against the last arrival the trace would have on an idle cluster:
     # in a closed-loop trace an overloaded cluster also delays the arrivals themselves, so
@@ -176,7 +175,7 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
 
 
 def key_payload(
-    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch
 ) -> dict[str, Any]:
     """Everything a capacity depends on, as plain data (stored beside bundled capacities)."""
     from lmsim.profile import profile_identity
@@ -190,14 +189,17 @@ def key_payload(
         "profile": profile_identity(config.cluster.profile),
         "search": dict(search.__dict__),
         "criterion": CRITERION_VERSION,
-        "policy": policy,
+        # the policy whose sustainable rate "capacity" means (capacity.policy; vllm's JSQ
+        # by default, as the study); its params only when set, so default keys stay valid
+        "policy": config.capacity.policy,
+        **({"policy_params": dict(config.capacity.params)} if config.capacity.params else {}),
     }
 
 
 def cache_key(
-    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch, policy: str = REFERENCE_POLICY
+    workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch
 ) -> str:
-    payload = key_payload(workload, config, search, policy)
+    payload = key_payload(workload, config, search)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -232,7 +234,6 @@ def resolve_capacity(
     search: CapacitySearch | None = None,
     *,
     workload: dict[str, Any] | None = None,
-    policy: str = REFERENCE_POLICY,
     use_cache: bool = True,
     allow_search: bool = True,
     log: Callable[[str], None] | None = None,
@@ -243,7 +244,7 @@ def resolve_capacity(
     probe = trace.head(search.probe_requests)
     if len(probe) < 8:
         raise ConfigError("workload: capacity search needs at least 8 requests")
-    key = cache_key(workload if workload is not None else trace_identity(probe), config, search, policy)
+    key = cache_key(workload if workload is not None else trace_identity(probe), config, search)
     if use_cache:
         found = lookup_capacity(key)
         if found is not None:
@@ -252,13 +253,13 @@ def resolve_capacity(
         return Capacity(None, "missing", key)
     if log is not None:
         log(f"capacity: none shipped or cached for this workload and cluster; searching "
-            f"(up to {search.max_probes} probes of {len(probe)} requests under {policy!r})")
+            f"(up to {search.max_probes} probes of {len(probe)} requests under {config.capacity.policy!r})")
     base = mean_rate(probe)
     probes: list[Probe] = []
 
     def test(rate: float) -> bool:
         started = time.perf_counter()
-        ok, reason = is_sustainable(scale_to_rate(probe, rate), config, search, policy)
+        ok, reason = is_sustainable(scale_to_rate(probe, rate), config, search)
         probes.append(Probe(rate, ok, reason))
         if log is not None:
             log(f"capacity: probe {len(probes)} of at most {search.max_probes}: {rate:.4g} req/s "
@@ -297,11 +298,10 @@ def find_capacity(
     use_cache: bool = True,
     log: Any = None,
     workload: dict[str, Any] | None = None,
-    policy: str = REFERENCE_POLICY,
 ) -> tuple[float, list[Probe]]:
     """Maximum sustainable mean arrival rate (req/s) of `trace` on `config`'s cluster."""
     found = resolve_capacity(
-        trace, config, search, workload=workload, policy=policy, use_cache=use_cache, log=log
+        trace, config, search, workload=workload, use_cache=use_cache, log=log
     )
     assert found.rate is not None
     return found.rate, found.probes

@@ -155,6 +155,21 @@ def _axes(sweep: dict[str, Any], zips: list[Any], *, where: str) -> list[tuple[l
     return axes
 
 
+def _seeds(seeds: Any, sweep: dict[str, Any], *, where: str) -> list[int]:
+    if seeds is None:
+        return []
+    if not isinstance(seeds, list) or not seeds:
+        raise SweepError(f"{where}: seeds: expected a non-empty list of seeds, got {seeds!r}")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise SweepError(f"{where}: seeds: {s!r} is not a non-negative integer")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"{where}: seeds: repeated seed in {seeds!r}")
+    if "seed" in sweep:
+        raise SweepError(f"{where}: seeds: set either seeds: or sweep.seed, not both")
+    return list(seeds)
+
+
 def _unset_dotted(raw: dict[str, Any], key: str) -> None:
     node: Any = raw
     parts = key.split(".")
@@ -168,17 +183,23 @@ def _unset_dotted(raw: dict[str, Any], key: str) -> None:
 
 def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
     """Every point of the experiment's sweep, validated, in expansion order (the first axis
-    varies slowest). An experiment without `sweep:` is one point named `default`."""
+    varies slowest). An experiment without `sweep:` is one point named `default`; `seeds: [...]`
+    repeats every point once per seed (the last, fastest axis, named `seed=N`)."""
     sweep = raw.get("sweep") or {}
     zips = raw.get("zip") or []
     if not isinstance(sweep, dict):
         raise SweepError(f"{where}: sweep: expected a mapping of dotted keys to lists")
     if not isinstance(zips, list):
         raise SweepError(f"{where}: zip: expected a list of key groups")
-    base = {k: v for k, v in raw.items() if k not in ("sweep", "zip")}
+    base = {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
     for key in sweep:
         check_sweep_key(str(key), where=where)
     axes = _axes(sweep, zips, where=where)
+    seeds = _seeds(raw.get("seeds"), sweep, where=where)
+    if seeds:
+        # Last axis, so the repeats of one point sit side by side and the `seed` column of
+        # sweep.parquet tells them apart.
+        axes.append((["seed"], [[s] for s in seeds]))
     combos: list[dict[str, Any]] = [{}]
     for keys, rows in axes:
         combos = [{**c, **dict(zip(keys, row))} for c in combos for row in rows]

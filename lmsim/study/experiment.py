@@ -98,7 +98,7 @@ def load_workload_trace(
             except ImportError:
                 raise TraceError(f"{path}: raw trace formats are not available") from None
             trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
-    identity = workload_identity(config, experiment_dir) if w.load is not None else None
+    identity = workload_identity(capacity_seed_config(config), experiment_dir) if w.load is not None else None
     return shape_workload(trace, config, workload=identity, capacity=capacity, log=log)
 
 
@@ -143,7 +143,7 @@ def shape_workload(
         # it is measured before `limit` (see capacity_trace), and the prefix is stretched by
         # the same factor as the whole, so a smoke test at limit=50 keeps the arrival times
         # of the real run.
-        found = resolve_capacity(full, config, workload=workload, allow_search=capacity == "search", log=log)
+        found = resolve_capacity(_capacity_reference(full, config), config, workload=workload, allow_search=capacity == "search", log=log)
         trace.meta["capacity_source"] = found.source
         if found.rate is None:
             return trace
@@ -181,6 +181,23 @@ def describe_load(resolution: dict[str, Any]) -> str:
     return (f"load {resolution['load']:g} of capacity {resolution['capacity_req_s']:.4g} req/s "
             f"({resolution['capacity_source']}) = arrival rate {resolution['load_rate_req_s']:.4g} req/s")
 
+
+
+def _capacity_reference(full: Trace, config: ExperimentConfig) -> Trace:
+    """The trace whose capacity scales `full`: itself, or for a generated workload replayed
+    under another seed (a `seeds:` repeat) the draw at `capacity.seed`. Capacity belongs to the
+    workload's distribution; measuring it per draw would both search again for every seed and
+    offer each repeat a slightly different rate."""
+    if config.workload.generator is None or config.seed == config.capacity.seed:
+        return full
+    return capacity_trace(capacity_seed_config(config))
+
+
+def capacity_seed_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The config whose workload draw a `seeds:` repeat is scaled by (see _capacity_reference)."""
+    if config.workload.generator is None or config.seed == config.capacity.seed:
+        return config
+    return config.model_copy(update={"seed": config.capacity.seed})
 
 
 def capacity_trace(config: ExperimentConfig, experiment_dir: Path | None = None) -> Trace:
