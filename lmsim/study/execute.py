@@ -92,7 +92,7 @@ def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
     cache has, so the search is announced with its probes on stderr and workers only look
     it up (instead of each worker repeating the same search in silence)."""
     from lmsim.study.capacity import CapacitySearch, cache_key, lookup_capacity, resolve_capacity
-    from lmsim.study.experiment import capacity_trace, workload_identity
+    from lmsim.study.experiment import capacity_seed_config, capacity_trace, workload_identity
 
     seen: set[str] = set()
     for task in tasks:
@@ -101,7 +101,7 @@ def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
             if config.workload.load is None:
                 continue
             experiment_dir = Path(task["experiment_dir"])
-            identity = workload_identity(config, experiment_dir)
+            identity = workload_identity(capacity_seed_config(config), experiment_dir)
             key = cache_key(identity, config, CapacitySearch())
         except Exception:
             continue  # the run itself reports what is wrong with it
@@ -110,7 +110,7 @@ def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
             continue
         seen.add(key)
         print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
-        resolve_capacity(capacity_trace(config, experiment_dir), config, workload=identity,
+        resolve_capacity(capacity_trace(capacity_seed_config(config), experiment_dir), config, workload=identity,
                          log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
 
 

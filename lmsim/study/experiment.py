@@ -143,7 +143,9 @@ def shape_workload(
         # it is measured before `limit` (see capacity_trace), and the prefix is stretched by
         # the same factor as the whole, so a smoke test at limit=50 keeps the arrival times
         # of the real run.
-        found = resolve_capacity(_capacity_reference(full, config), config, workload=workload, allow_search=capacity == "search", log=log)
+        found = resolve_capacity(
+            _capacity_reference(full, config), config, workload=workload, allow_search=capacity == "search", log=log
+        )
         trace.meta["capacity_source"] = found.source
         if found.rate is None:
             return trace
