@@ -48,6 +48,27 @@ def register_cli(subparsers) -> None:
     f.add_argument("--name", help="name recorded in the new profile (default: <base>-fit)")
     f.set_defaults(func=cmd_fit)
 
+    imp = sub.add_parser("import", help="compose another simulator's profiling data into a profile")
+    isub = imp.add_subparsers(dest="import_format", required=True)
+    v = isub.add_parser("vidur", help="Vidur's per-operator medians (compute/, network/ folders)")
+    v.add_argument("dir", type=Path, help="Vidur profiling folder holding compute/ and network/")
+    v.add_argument("--model", required=True, help="e.g. meta-llama/Llama-2-70b-hf")
+    v.add_argument("--device", required=True, help="e.g. a100")
+    v.add_argument("--network", required=True, help="e.g. a100_dgx")
+    v.add_argument("--tp", type=int, required=True, help="tensor parallel size")
+    v.add_argument("--out", type=Path, required=True, help="new folder for the profile")
+    v.add_argument("--layers", type=int, help="layers, for a model outside Vidur's registry")
+    v.add_argument("--block-size", type=int, default=16, help="KV block size of the attention rows (16)")
+    v.add_argument("--max-tokens", type=int, default=4096,
+                   help="Vidur's request max_tokens: the KV pool holds whole slots of it (4096)")
+    v.add_argument("--memory-margin", type=float, default=0.1, help="Vidur's memory_margin_fraction (0.1)")
+    v.add_argument("--name", help="profile name (default: <device>/<model>-tp<N>)")
+    v.set_defaults(func=cmd_import_vidur)
+
+    val = sub.add_parser("validate", help="check a profile against the schema; one line per problem")
+    val.add_argument("name", help="profile name or path")
+    val.set_defaults(func=cmd_validate)
+
 
 def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
     split_name(name, where="--only")
@@ -176,4 +197,56 @@ def cmd_fit(args: argparse.Namespace) -> int:
         s = report[label]
         print(f"{label:<8}{s['rows']:>7}{s['median_abs_rel_err']:>9.2%}{s['p90_abs_rel_err']:>9.2%}"
               f"{s['max_abs_rel_err']:>9.2%}{s['mean_rel_bias']:>+9.2%}")
+    return 0
+
+
+def _write_new_profile(data, out: Path) -> Path:
+    """Write into a new (or empty) folder via a temporary sibling, so nothing else is touched
+    and a crash leaves no half-written profile."""
+    import os
+    import shutil
+    import tempfile
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ProfileError(f"{out}: --out exists and is not an empty folder; choose a new one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_profile(data, tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out / "profile.yaml"
+
+
+def cmd_import_vidur(args: argparse.Namespace) -> int:
+    from lmsim.profile.vidur import import_vidur
+
+    data = import_vidur(
+        args.dir, model=args.model, device=args.device, network=args.network, tp=args.tp,
+        layers=args.layers, block_size=args.block_size, max_tokens=args.max_tokens,
+        memory_margin=args.memory_margin, name=args.name,
+    )
+    path = _write_new_profile(data, args.out)
+    model = TableCostModel(data)
+    util = data.meta["memory"]["reference_gpu_memory_utilization"]
+    print(f"wrote {path}")
+    print(f"KV pool at gpu_memory_utilization {util}: {model.num_kv_blocks(args.block_size, util):,} "
+          f"blocks of {args.block_size} per instance")
+    print(data.meta["provenance"]["rules"]["outside_data"])
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from lmsim.profile.tables import resolve_profile, validate_profile
+
+    problems = validate_profile(args.name)
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 2
+    print(f"{resolve_profile(args.name)}: ok")
     return 0
