@@ -43,7 +43,10 @@ def register_cli(subparsers) -> None:
     f = sub.add_parser("fit", help="fit a profile's tables to measured step times")
     f.add_argument("measurements", type=Path, help="CSV: " + ",".join(
         ("prefill_tokens", "cached_context", "decode_count", "decode_context", "step_s")))
-    f.add_argument("--base", required=True, help="profile whose shapes are kept")
+    start = f.add_mutually_exclusive_group(required=True)
+    start.add_argument("--base", help="any profile (name or path) whose shapes are kept")
+    start.add_argument("--spec", type=Path,
+                       help="YAML of model dimensions and GPU facts to start from (lmsim.profile.spec)")
     f.add_argument("--out", type=Path, required=True, help="folder for the fitted profile")
     f.add_argument("--name", help="name recorded in the new profile (default: <base>-fit)")
     f.set_defaults(func=cmd_fit)
@@ -185,10 +188,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from lmsim.profile.fit import fit_profile
 
-    base = load_table_profile(args.base)
+    if args.spec is not None:
+        from lmsim.profile.spec import base_from_spec
+
+        base = TableCostModel(base_from_spec(args.spec))
+    else:
+        base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"
     data, report = fit_profile(base, args.measurements, name)
-    if args.out.resolve() == Path(base.data.source).resolve().parent:
+    if args.base is not None and args.out.resolve() == Path(base.data.source).resolve().parent:
         raise ProfileError(f"{args.out}: --out must differ from the base profile's folder")
     write_profile(data, args.out)
     print(f"wrote {args.out / 'profile.yaml'}")

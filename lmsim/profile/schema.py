@@ -154,13 +154,16 @@ def validate_meta(meta: Any, *, strict: bool = False) -> list[str]:
             problems.append(problem)
     if meta.get("format") is not None and meta.get("format") != FORMAT:
         problems.append(f"field 'format' must be {FORMAT!r}, got {meta['format']!r}")
-    if not strict or problems:
+    if not strict:
         return problems
     known = {f.key for f in FIELDS}
     for section in CLOSED_SECTIONS:
-        for name in meta.get(section) or {}:
-            if f"{section}.{name}" not in known:
-                problems.append(f"unknown field '{section}.{name}'")
+        if isinstance(meta.get(section), dict):
+            for name in meta[section]:
+                if f"{section}.{name}" not in known:
+                    problems.append(f"unknown field '{section}.{name}'")
+    if problems:  # the cross-checks below need every field well formed
+        return problems
     model = meta["model"]
     tp = int(meta.get("parallel", {}).get("tensor_parallel_size", 1))
     if int(model["kv_heads"]) > int(model["attention_heads"]):
