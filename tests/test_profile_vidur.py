@@ -198,3 +198,14 @@ def test_fit_can_start_from_model_dimensions_and_gpu_facts(tmp_path):
     assert fitted.meta["parallel"]["tensor_parallel_size"] == 2
     assert fitted.meta["model"]["kv_bytes_per_token"] == 163_840  # 2 x 80 x 4 heads x 128 x 2 B
     assert validate_profile(out) == []
+
+
+def test_show_marks_cases_outside_the_grid():
+    from lmsim.cli.profile import format_show
+
+    text = format_show(load_table_profile("a100/llama-2-70b-tp2"))
+    cold = next(line for line in text.splitlines() if line.strip().startswith("0k cached")).split()
+    assert not cold[2].endswith("!") and cold[-1].endswith("!")  # 512 tokens inside, 65,536 outside
+    shipped = format_show(load_table_profile("h20/qwen2-7b"))
+    cold = next(line for line in shipped.splitlines() if line.strip().startswith("0k cached")).split()
+    assert not any(c.endswith("!") for c in cold)

@@ -114,6 +114,16 @@ def _kv_fits(kv_tokens: int | None, batch: int, ctx: int) -> str:
     return "*" if kv_tokens is not None and batch * ctx > kv_tokens else ""
 
 
+def _off_grid(model: TableCostModel, chunks: list[tuple[int, int]], batch: int, context: int) -> str:
+    """'!' when any of these steps leaves the profile's grid (its time is extrapolated)."""
+    return "!" if model.outside_grid(chunks, batch, context) else ""
+
+
+def _prefill_off_grid(model: TableCostModel, tokens: int, cached: int, budget: int = 8192) -> str:
+    chunks = [(min(budget, tokens - done), cached + done) for done in range(0, tokens, budget)]
+    return "!" if any(model.outside_grid([c], 0, 0) for c in chunks) else ""
+
+
 def format_show(model: TableCostModel) -> str:
     d = model.data
     hw, mf, mem = d.meta["hardware"], d.meta["model"], d.meta["memory"]
@@ -132,23 +142,27 @@ def format_show(model: TableCostModel) -> str:
         if util == 0.9:
             kv_tokens = blocks * 16
         lines.append(f"KV capacity at gpu_memory_utilization {util}: {blocks:,} blocks of 16 = {blocks * 16:,} tokens")
-    lines += ["", "(a) prefill time of one request alone, engine only, budget 8192 [ms]"]
+    lines += ["", "(a) prefill time of one request alone, engine only, budget 8192 [ms]; "
+              "! = outside the profile's grid (extrapolated)"]
     sizes = (512, 1024, 2048, 4096, 8192, 32768, 65536)
     lines.append(f"{'new tokens':>16}" + "".join(f"{s:>9}" for s in sizes))
     for cached in (0, 8192):
-        vals = [prefill_seconds(model, s, cached) * 1e3 for s in sizes]
-        lines.append(f"{f'{cached // 1024}k cached':>16}" + "".join(f"{v:>9.1f}" for v in vals))
-    lines += ["", "(b) decode step time [ms]; * = the batch does not fit in the KV pool"]
+        cells = [f"{prefill_seconds(model, s, cached) * 1e3:.1f}{_prefill_off_grid(model, s, cached)}"
+                 for s in sizes]
+        lines.append(f"{f'{cached // 1024}k cached':>16}" + "".join(f"{c:>9}" for c in cells))
+    lines += ["", "(b) decode step time [ms]; * = the batch does not fit in the KV pool, ! = outside the grid"]
     batches = (1, 8, 32, 64, 128, 256)
     lines.append(f"{'batch':>16}" + "".join(f"{b:>9}" for b in batches))
     for ctx in (1024, 8192):
-        cells = [f"{decode_step_seconds(model, b, ctx) * 1e3:.1f}{_kv_fits(kv_tokens, b, ctx)}" for b in batches]
+        cells = [f"{decode_step_seconds(model, b, ctx) * 1e3:.1f}{_kv_fits(kv_tokens, b, ctx)}"
+                 f"{_off_grid(model, [], b, b * ctx)}" for b in batches]
         lines.append(f"{f'ctx {ctx // 1024}k':>16}" + "".join(f"{c:>9}" for c in cells))
     lines += ["", "(e) mixed steps: decodes at ctx 2048 plus one fresh chunk [ms]"]
     for b, q in ((64, 0), (64, 512), (64, 2048), (64, 8128), (200, 0), (200, 2048)):
         chunks = [(q, 0)] if q else []
         label = f"{b} decodes" + (f" + {q}-token chunk" if q else "")
-        lines.append(f"  {label:<34}{model.step_time(chunks, b, b * 2048) * 1e3:>9.1f}")
+        mark = _off_grid(model, chunks, b, b * 2048)
+        lines.append(f"  {label:<34}{model.step_time(chunks, b, b * 2048) * 1e3:>9.1f}{mark}")
     prov = d.meta.get("provenance", {})
     fit = prov.get("fit_error")
     shared = prov.get("fit_error_shared_constants") or []
@@ -188,7 +202,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from lmsim.profile.fit import fit_profile
 
-    if args.spec is not None:
+    if getattr(args, "spec", None) is not None:
         from lmsim.profile.spec import base_from_spec
 
         base = TableCostModel(base_from_spec(args.spec))
@@ -196,7 +210,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"
     data, report = fit_profile(base, args.measurements, name)
-    if args.base is not None and args.out.resolve() == Path(base.data.source).resolve().parent:
+    if getattr(args, "spec", None) is None and args.out.resolve() == Path(base.data.source).resolve().parent:
         raise ProfileError(f"{args.out}: --out must differ from the base profile's folder")
     write_profile(data, args.out)
     print(f"wrote {args.out / 'profile.yaml'}")
