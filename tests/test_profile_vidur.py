@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -36,24 +37,52 @@ def tiny(**kw) -> TableCostModel:
     return TableCostModel(import_vidur(FIXTURE, **args))
 
 
+def forest(values_nearest_first: list[float], n_rows: int) -> float:
+    """Expected prediction of a bagged forest of fully grown trees: the k-th nearest
+    measurement answers when the k nearer ones missed the bootstrap sample."""
+    p = 1 - (1 - 1 / n_rows) ** n_rows
+    w = [p * (1 - p) ** k for k in range(len(values_nearest_first))]
+    return sum(a * b for a, b in zip(w, values_nearest_first)) / sum(w)
+
+
+def test_forest_expectation_pulls_a_dip_towards_its_neighbours():
+    from lmsim.profile.vidur import _forest
+
+    xs, ys = np.array([8.0, 16.0, 24.0]), np.array([1.0, 0.5, 1.0])
+    p = 1 - (2 / 3) ** 3
+    # At 16: itself, then 8 (tie with 24 goes left), then 24.
+    want = (p * 0.5 + p * (1 - p) * 1.0 + p * (1 - p) ** 2 * 1.0) / (p + p * (1 - p) + p * (1 - p) ** 2)
+    assert _forest(xs, ys, np.array([16.0]), 3)[0] == pytest.approx(want)
+    assert 0.5 < want < 1.0
+
+
+# Fixture at tp 2: three token counts (8, 16, 32) per operator; ops take tokens x 1 us and an
+# all-reduce tokens x 10 us, so the forest's expectation at 8 tokens mixes 8, 16 and 32.
+OPS_AT_8 = 9 * forest([0.008, 0.016, 0.032], 3)  # 9 operators priced per layer
+REDUCE_AT_8 = forest([0.08, 0.16, 0.32], 3)
+OPS_AT_24 = 9 * forest([0.016, 0.032, 0.008], 3)  # 16 and 32 tie at distance 8: left first
+REDUCE_AT_24 = forest([0.16, 0.32, 0.08], 3)
+
+
 def test_decode_step_by_vidurs_rules():
-    # B=2 decodes over 144 tokens: tokens 2 -> 8 (rounding); per layer 9 ops x 8 us = 0.072 ms,
-    # 2 all-reduces x (0.08 + 0.02 launch) = 0.2 ms, decode attention at mean KV 72 + 128 = 200:
-    # (0.02 + 0.002) x 1.1 (batched GQA overhead) = 0.0242 ms; two layers.
+    # B=2 decodes over 144 tokens: tokens 2 -> 8 (rounding); per layer the 9 operators and
+    # 2 all-reduces (+0.02 ms launch each) at 8 tokens, and decode attention at mean KV
+    # 72 + 128 = 200: (0.02 + 0.002) x 1.1 (batched GQA overhead); two layers.
     m = tiny()
-    assert m.step_time((), 2, 144) == pytest.approx(2 * (0.072 + 0.2 + 0.0242) * 1e-3, rel=1e-9)
+    want = 2 * (OPS_AT_8 + 2 * (REDUCE_AT_8 + 0.02) + 0.0242) * 1e-3
+    assert m.step_time((), 2, 144) == pytest.approx(want, rel=1e-9)
 
 
 def test_prefill_chunk_rounding_and_kv_of_cached_plus_chunk():
-    # q=20 at c=0: tokens 20 -> 24 (9 x 24 us = 0.216 ms), all-reduce interpolated at 24 tokens
-    # 0.24 ms (+0.02) twice = 0.52 ms, attention at chunk ceil32(20)=32 and KV ceil256(20)=256:
+    # q=20 at c=0: tokens 20 -> 24; attention at chunk ceil32(20)=32 and KV ceil256(20)=256:
     # 0.032 + 0.0256 = 0.0576 ms.
     m = tiny()
-    assert m.step_time([(20, 0)], 0, 0) == pytest.approx(2 * (0.216 + 0.52 + 0.0576) * 1e-3, rel=1e-9)
+    want = 2 * (OPS_AT_24 + 2 * (REDUCE_AT_24 + 0.02) + 0.0576) * 1e-3
+    assert m.step_time([(20, 0)], 0, 0) == pytest.approx(want, rel=1e-9)
     # Attention depends on q only through ceil32(q): 1 and 32 price the same chunk.
     a = m.data
     assert m._prefill_attention(1, 0) == m._prefill_attention(32, 0) == pytest.approx(2 * 0.0576e-3)
-    # and on c only through ceil256(c + q): c=200 with q=32 is KV 256 like c=0; c=240 is KV 512.
+    # and on c only through ceil256(c + q): c=192 with q=32 is KV 256 like c=0; c=256 is KV 512.
     assert m._prefill_attention(32, 192) == pytest.approx(2 * 0.0576e-3)
     assert m._prefill_attention(32, 256) == pytest.approx(2 * (0.032 + 0.0512) * 1e-3)
     assert a.pa_q[0] == 1 and a.pa_q[-1] == 64

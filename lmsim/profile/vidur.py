@@ -43,8 +43,14 @@ rules, each cited to the Vidur source that applies it (paths inside the `vidur` 
   of `max_tokens` (4096) tokens: `blocks = (max_tokens // block) x (tokens // max_tokens)`
   (`scheduler/replica_scheduler/base_replica_scheduler.py`, `__init__`).
 
-Between measured points lmsim interpolates linearly where Vidur's forest predicts piecewise
-constant; the rounding rules [R4] and [R6] are exact at every table grid point. The decode
+* Token-keyed predictions [R9]: Vidur's forest (bootstrap samples, fully grown trees; sklearn
+  `RandomForestRegressor` defaults under `random_forrest_execution_time_predictor.py`) does
+  not return the median at a measured token count but a bagged mix of it and its nearest
+  neighbours; `_forest` computes that mix's expectation. It matters where the medians dip:
+  Llama-2-70B at 512 tokens measures 2.13 ms per layer, Vidur predicts 2.18 ms (2.5% more).
+
+Attention (two features) is interpolated linearly between measured medians; the rounding rules
+[R4] and [R6] are exact at every table grid point. The decode
 rounding [R5] depends on the mean over a batch, which a table keyed by the summed context
 cannot carry as a step, so it is applied in expectation: mean KV = C/B + 1 (sampled token)
 - 0.5 (truncation) + 127.5 (round up to 256) = C/B + 128.
@@ -164,6 +170,24 @@ def _held(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.interp(x, xs, ys)
 
 
+def _forest(xs: np.ndarray, ys: np.ndarray, x: np.ndarray, n_rows: int, depth: int = 24) -> np.ndarray:
+    """The expected prediction of Vidur's random forest on one feature [R9]: each fully grown
+    tree answers with the measurement nearest to x among its bootstrap sample (a split sits
+    midway between neighbours; a tie goes left), and a measurement is in a sample with
+    probability p = 1 - (1 - 1/n)^n. So the k-th nearest measurement answers with probability
+    p (1 - p)^k: a smoothing of the medians that pulls an isolated dip towards its neighbours,
+    as Vidur's own predictions do."""
+    p = 1.0 - (1.0 - 1.0 / n_rows) ** n_rows
+    x = np.asarray(x, float)
+    out = np.empty(x.size)
+    for i, xi in enumerate(x.ravel()):
+        # nearest first; on equal distance the left neighbour first (sklearn goes left on <=)
+        order = np.lexsort((xs, np.abs(xs - xi)))[:depth]
+        w = p * (1.0 - p) ** np.arange(len(order))
+        out[i] = float(np.dot(w, ys[order]) / w.sum())
+    return out.reshape(x.shape)
+
+
 class _Attention:
     """Measured attention medians (ms per layer) and lookups by Vidur's keys."""
 
@@ -280,9 +304,10 @@ def import_vidur(
     tokens = np.arange(1, t_max + 1)
     rounded = np.minimum(_ceil(tokens, TOKEN_ROUNDING), t_max)
     layer_ms = np.zeros(len(tokens))
+    at = np.unique(rounded)  # one forest evaluation per rounded token count
     for op in ops:
         xs, ys = _averaged(tokens_measured, mlp.num(f"time_stats.{op}.median", missing_zero=True))
-        layer_ms += _held(xs, ys, rounded)
+        layer_ms += _forest(xs, ys, at, len(mlp.rows))[np.searchsorted(at, rounded)]
     comm_note = "none (tensor parallel size 1)"
     if tp > 1:  # [R3]
         ar = _read_csv(root / "network" / network / "all_reduce.csv")
@@ -292,7 +317,8 @@ def import_vidur(
             raise ProfileError(f"{ar.path}: no all_reduce rows with num_workers = devices_per_node = {tp}")
         ar = ar.take(mask)
         xs, ys = _averaged(ar.num("size") / hidden / 2, ar.num("time_stats.all_reduce.median"))
-        per_call = _held(xs, ys, rounded) + NCCL_LAUNCH_OVERHEAD_MS + NCCL_SKEW_PER_DEVICE_MS * tp**1.25
+        reduce_ms = _forest(xs, ys, at, len(ar.rows))[np.searchsorted(at, rounded)]
+        per_call = reduce_ms + NCCL_LAUNCH_OVERHEAD_MS + NCCL_SKEW_PER_DEVICE_MS * tp**1.25
         layer_ms += 2 * per_call
         comm_note = f"2 all-reduces per layer from {ar.path.name} ({int(mask.sum())} rows)"
     dense_s = layers * layer_ms * 1e-3
@@ -354,6 +380,9 @@ def import_vidur(
                               "_get_tensor_parallel_communication_time",
                 "token_rounding": f"tokens rounded up to {TOKEN_ROUNDING} (exact: one table row per "
                                   "token) [R4]: vidur/entities/batch.py _total_num_q_tokens_rounded",
+                "token_ops_prediction": "expected random-forest prediction over the medians (nearest "
+                                        "measurement in each bootstrap sample) [R9]: "
+                                        "vidur/execution_time_predictor/random_forrest_execution_time_predictor.py",
                 "decode_attention": f"median at (batch, mean KV rounded up to {KV_GRANULARITY}) x "
                                     f"(1 + {overhead} if batch > 1); mean KV = C/B + "
                                     f"{DECODE_KV_OFFSET:g} (rounding in expectation) [R5]: "
@@ -369,7 +398,8 @@ def import_vidur(
                           "vidur/utils/memory_planner.py, vidur/utils/param_counter.py, "
                           "vidur/scheduler/replica_scheduler/base_replica_scheduler.py __init__",
             },
-            "interpolation": "linear between measured medians (Vidur: random-forest predictions)",
+            "interpolation": "token-keyed operators: expected forest prediction [R9]; attention: linear "
+                             "between measured medians (Vidur: random-forest predictions)",
         },
     }
     zeros = np.zeros(2)
