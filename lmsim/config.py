@@ -76,6 +76,15 @@ class ClusterConfig(_Strict):
     max_num_seqs: int = Field(1024, gt=0)
     long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap")
     enable_prefix_caching: bool = True
+    admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] = Field(
+        "first_chunk",
+        description="when a waiting request may start: its first chunk fits (vLLM v1 to "
+        "early 2026), its whole sequence fits (vLLM 0.33), or its whole prompt fits beside "
+        "a free-block watermark (vLLM v0, Sarathi, Vidur)",
+    )
+    watermark_blocks_fraction: float = Field(
+        0.01, ge=0, lt=1, description="free-block watermark of whole_prompt_watermark admission"
+    )
     max_waiting: int | None = Field(
         None, gt=0, description="per-instance waiting-queue cap; arrivals beyond it are rejected"
     )

@@ -130,7 +130,7 @@ def test_a_negative_reference_count_is_reported(monkeypatch):
     sim = build(HASHED)
 
     def corrupt(s, _o):
-        s.cache._in_use[1] = -1
+        s.cache._ref[1] = -1
 
     after_commit(monkeypatch, sim.instances[0].scheduler, corrupt)
     with pytest.raises(InvariantError) as info:
@@ -153,6 +153,7 @@ def test_a_block_both_free_and_in_use_is_reported(monkeypatch):
     assert parts == [
         "used blocks 6 != blocks held by requests 7 - shared 0",
         "block 1 is both free and in use",
+        "6 cache entries but 7 hashed blocks",
     ]
 
 
@@ -250,9 +251,12 @@ def test_a_plan_whose_token_counter_disagrees_with_its_chunks(monkeypatch):
 
 
 def test_a_chunk_over_the_long_prefill_threshold_is_reported():
-    sim = build(HASHED, cluster={"long_prefill_token_threshold": 32})
+    # two requests, so the threshold applies (it is waived for a request alone)
+    two = make_trace([0.0, 0.0], [100, 100], [10, 10], [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    sim = build(two, cluster={"long_prefill_token_threshold": 32})
     sim.instances[0].scheduler.long_prefill_token_threshold = 0
-    fails_with(sim, "instance 0, step 0, t=0.110000s: request 0 got a prefill chunk of 100 tokens")
+    # one step of 10 + 200 ms
+    fails_with(sim, "instance 0, step 0, t=0.210000s: request 0 got a prefill chunk of 100 tokens")
 
 
 def test_ttft_below_the_idle_prefill_time_is_reported():

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from lmsim.engine.kv_cache import ANON, GlobalPrefixIndex, PrefixCache, engine_block_hashes
 
 
 def test_allocation_takes_never_used_blocks_before_evicting_cached_ones():
@@ -37,19 +37,70 @@ def test_release_order_puts_a_requests_tail_first():
     assert [cache.contains(h) for h in (1, 2, 3)] == [True, False, False]
 
 
-def test_hits_take_references_and_duplicates_stay_anonymous():
+def test_freed_blocks_without_content_go_to_the_front_of_the_free_queue():
+    # vLLM 0.33 BlockPool.free_blocks: 4 blocks. A request holds cache entries 1, 2 and two
+    # content-free blocks (a partial block and a decode block). Released, the queue is
+    # [anon, anon][2, 1]: the next two allocations take the content-free blocks and
+    # evict nothing; only the third evicts (2, the tail entry). Appending the content-free
+    # blocks at the back (vLLM 0.11) would evict 2 and 1 first.
+    cache = PrefixCache(4, 16)
+    keys = cache.allocate(4)
+    keys[0], keys[1] = cache.register(1), cache.register(2)
+    cache.release(keys[:3], extra_anonymous=1)
+    cache.allocate(2)
+    assert cache.num_evictions == 0 and cache.match([1, 2], 2) == 2
+    cache.allocate(1)
+    assert cache.num_evictions == 1 and cache.match([1, 2], 2) == 1
+
+
+def test_hits_take_references_and_duplicates_are_cache_entries_too():
     cache = PrefixCache(8, 16)
     cache.allocate(2)
     a = [cache.register(1), cache.register(2)]
     b = cache.touch([1, 2], 2)  # a hit on in-use blocks only bumps reference counts
-    assert cache.refcount(1) == 2 and cache.num_free_blocks == 6
+    assert b == [1, 2] and cache.refcount(1) == 2 and cache.num_free_blocks == 6
     cache.allocate(1)
-    dup = cache.register(2)  # computed again while cached: not a second cache entry
-    assert dup < 0 and cache.refcount(2) == 2
+    dup = cache.register(2)  # computed again while cached: a second entry of hash 2
+    assert dup < ANON and cache.refcount(2) == 2 and cache.refcount(dup) == 1
+    assert cache.num_copies(2) == 2 and cache.hash_of(dup) == 2
     cache.release(b)
     cache.release(a)
     cache.release([dup])
     assert cache.num_free_blocks == 8
+    assert cache.check(0, {}) == []
+
+
+def test_evicting_the_first_copy_keeps_the_prefix_cached():
+    # 5 blocks. A holds [1, 2]; B hits 1 and recomputes 2 (say its hit was capped): a
+    # duplicate. A is released, then B: the queue is [2 content-free][A's 2, B's 2, 1].
+    # Evicting A's copy leaves hash 2 cached through B's copy (with one entry per hash,
+    # the prefix would have been lost with the first eviction).
+    cache = PrefixCache(5, 16)
+    cache.allocate(3)
+    a = [cache.register(1), cache.register(2)]
+    b = [*cache.touch([1], 1), cache.register(2)]
+    cache.release(a)  # entries 2, 1 (A's) go to the back; B still holds 1 and its dup of 2
+    cache.release(b)  # dup 2 to the back, 1 drops to refcount 0 and joins the back
+    assert cache.num_free_blocks == 5 and cache.num_copies(2) == 2
+    cache.allocate(2)  # the two content-free blocks: nothing evicted
+    assert cache.num_evictions == 0
+    cache.allocate(1)  # evicts A's copy of 2 (released first)
+    assert cache.num_evictions == 1 and cache.contains(2) and cache.match([1, 2], 2) == 2
+    cache.allocate(1)  # evicts B's copy of 2: now the hash is gone
+    assert not cache.contains(2) and cache.match([1, 2], 2) == 1
+
+
+def test_a_hit_is_served_by_the_oldest_copy_even_when_a_younger_one_is_in_use():
+    # vLLM get_one_block returns the first copy inserted: if it is free, the hit consumes
+    # a free block although another copy of the same content is in use.
+    cache = PrefixCache(4, 16)
+    cache.allocate(2)
+    first = cache.register(7)
+    second = cache.register(7)
+    cache.release([first])
+    assert cache.num_free_among([7], 1) == 1
+    assert cache.touch([7], 1) == [first] and cache.num_free_blocks == 2
+    cache.release([first, second])
     assert cache.check(0, {}) == []
 
 

@@ -73,6 +73,10 @@ class Row:
     hashed: bool  # whether the trace identifies the prompt's blocks at all
     follows_previous: bool = False  # closed loop: arrive after the previous row finishes
     think_ms: int = 0
+    # the next turn of the previous row: its ids begin with the previous row's full-block
+    # ids and name the previous row's output blocks (parent_id), so it can hit them, even
+    # while the previous row still decodes
+    continues_previous: bool = False
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Scenario:
     rows: list[Row] = field(default_factory=list)
     seed: int = 0
     profile: str = "linear"
+    admission: str = "first_chunk"
     max_waiting: int | None = None  # None: every request must finish
     drain_limit_s: float = HANG_GUARD_S  # shorter: the run is cut while requests remain
 
@@ -96,7 +101,7 @@ class Scenario:
         return self.max_waiting is None and self.drain_limit_s == HANG_GUARD_S
 
     def trace(self):
-        arrivals, inputs, outputs, hashes, after, delay = [], [], [], [], [], []
+        arrivals, inputs, outputs, hashes, after, delay, parent = [], [], [], [], [], [], []
         t = 0.0
         for i, row in enumerate(self.rows):
             t += row.gap_ms / 1000
@@ -104,7 +109,12 @@ class Scenario:
             inputs.append(row.input_tokens)
             outputs.append(row.output_tokens)
             ids = []
-            if row.hashed:
+            cont = i > 0 and row.continues_previous and row.hashed
+            if cont:
+                prev = self.rows[i - 1]
+                kept = hashes[-1][: prev.input_tokens // BS]
+                ids = kept + [1_000_000 + 1000 * i + j for j in range(len(kept), -(-row.input_tokens // BS))]
+            elif row.hashed:
                 # Chained ids: a family's j-th block id is shared by every member of the
                 # family up to the family's prefix length; the rest are the row's own.
                 for j in range(-(-row.input_tokens // BS)):
@@ -115,7 +125,10 @@ class Scenario:
             hashes.append(ids)
             after.append(i - 1 if row.follows_previous and i > 0 else -1)
             delay.append(row.think_ms / 1000 if row.follows_previous and i > 0 else 0.0)
-        return make_trace(arrivals, inputs, outputs, hashes, block_size=BS, after_id=after, delay_s=delay)
+            parent.append(i - 1 if cont else -1)
+        return make_trace(
+            arrivals, inputs, outputs, hashes, block_size=BS, after_id=after, delay_s=delay, parent_id=parent
+        )
 
     def config(self, fast_forward: bool):
         return make_config(
@@ -129,6 +142,7 @@ class Scenario:
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "profile": PROFILES[self.profile],
                 "max_waiting": self.max_waiting,
+                "admission": self.admission,
             },
             router={"policy": self.policy},
             simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
@@ -149,21 +163,37 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         num_gpu_blocks=num_blocks,
         max_num_batched_tokens=draw(st.sampled_from([16, 48, 128, 8192])),
         max_num_seqs=draw(st.integers(1, 6)),
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 20, 64])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 20, 20, 64])),
         enable_prefix_caching=draw(st.booleans()),
         family_blocks=[draw(st.integers(1, 8)) for _ in range(num_families)],
         seed=draw(st.integers(0, 3)),
         profile=draw(st.sampled_from(sorted(PROFILES))),
+        admission=draw(st.sampled_from(["first_chunk", "first_chunk", "full_sequence", "whole_prompt_watermark"])),
     )
     if fit and draw(st.integers(0, 3)) == 0:
         # a quarter of the scenarios also overload: a queue cap and/or a drain limit
         sc.max_waiting = draw(st.sampled_from([None, 1, 3]))
         sc.drain_limit_s = draw(st.sampled_from([HANG_GUARD_S, 0.05, 0.4]))
     for i in range(draw(st.integers(1, 12))):
-        if fit:
+        family = draw(st.integers(-1, num_families - 1))
+        limit = min(pool_tokens, 200)
+        prev = sc.rows[-1] if sc.rows else None
+        # a next turn re-sends the previous prompt and answer, plus a little
+        continues = (
+            fit and prev is not None and draw(st.integers(0, 2)) == 0
+            and prev.input_tokens + prev.output_tokens < limit
+        )
+        if continues:
+            inp = draw(st.integers(prev.input_tokens + prev.output_tokens, limit))
+            out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
+        elif fit:
             # prompt + output - 1 tokens must fit in the pool (the last sampled token is
-            # never stored); anything larger is rejected, tested separately
-            inp = draw(st.integers(1, min(pool_tokens, 200)))
+            # never stored); anything larger is rejected, tested separately. A prompt
+            # exactly as long as its family prefix gets a capped full hit: the engine
+            # recomputes the last block, a duplicate cache entry.
+            inp = draw(st.integers(1, limit))
+            if family >= 0 and draw(st.integers(0, 3)) == 0:
+                inp = min(sc.family_blocks[family] * BS, limit)
             out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
         else:
             inp = draw(st.integers(1, pool_tokens + 64))
@@ -173,10 +203,11 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
                 gap_ms=draw(st.sampled_from([0, 0, 0, 5, 40, 300])),  # mostly bursts
                 input_tokens=inp,
                 output_tokens=out,
-                family=draw(st.integers(-1, num_families - 1)),
-                hashed=draw(st.integers(0, 3)) > 0,  # most prompts carry hashes
-                follows_previous=i > 0 and draw(st.integers(0, 4)) == 0,
+                family=family,
+                hashed=continues or draw(st.integers(0, 3)) > 0,  # most prompts carry hashes
+                follows_previous=i > 0 and not continues and draw(st.integers(0, 4)) == 0,
                 think_ms=draw(st.sampled_from([0, 20, 150])),
+                continues_previous=continues,
             )
         )
     return sc

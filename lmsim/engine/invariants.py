@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from lmsim.engine.kv_cache import ANON
 from lmsim.engine.metrics import STATUS_NAMES, UNFINISHED
 from lmsim.engine.request import Request, RequestState
 from lmsim.errors import InvariantError
@@ -53,9 +54,12 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
 
     # The step's composition: recount the tokens instead of trusting the plan's counter.
     tokens = plan.num_decodes
+    # the threshold is waived only for a request alone in the engine (vLLM 0.33), so any
+    # step that schedules two sequences must respect it
+    cap = cfg.long_prefill_token_threshold if plan.num_decodes + len(plan.chunks) > 1 else plan.long_prefill_cap
     for request, q in plan.chunks:
         tokens += q
-        if q < 1 or (cfg.long_prefill_token_threshold and q > cfg.long_prefill_token_threshold):
+        if q < 1 or (cap and q > cap):
             _fail(f"request {request.request_id} got a prefill chunk of {q} tokens", instance, step, now)
     if tokens != plan.num_tokens:
         _fail(f"plan reports {plan.num_tokens} tokens but its chunks and decodes add to {tokens}", instance, step, now)
@@ -73,7 +77,7 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     for request in s.running:
         held += s._blocks_held(request)
         for key in request.block_keys:
-            if key >= 0:
+            if key != ANON:
                 refs[key] = refs.get(key, 0) + 1
         if request.state is not RequestState.RUNNING:
             _fail(f"request {request.request_id} in running list with state {request.state.name}", instance, step, now)
@@ -155,14 +159,14 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
 
 
 def idle_prefill_time(sim: Simulation, uncached: int, cached: int) -> float:
-    """Time to prefill `uncached` tokens after `cached` ones on an otherwise idle engine."""
+    """Time to prefill `uncached` tokens after `cached` ones on an otherwise idle engine
+    (where `long_prefill_token_threshold` does not apply: the request is alone)."""
     budget = sim.config.cluster.max_num_batched_tokens
-    threshold = sim.config.cluster.long_prefill_token_threshold
     total = 0.0
     done = cached
     left = uncached
     while left > 0:
-        q = min(left, budget, threshold) if threshold else min(left, budget)
+        q = min(left, budget)
         total += sim.cost_model.step_time([(q, done)], 0, 0)
         done += q
         left -= q

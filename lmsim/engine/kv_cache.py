@@ -6,20 +6,24 @@ Model (costmodel.md §7, vLLM `block_pool.py` / `kv_cache_utils.py`):
 * The pool has `num_total_blocks` blocks of `block_size` tokens. A block is in use (held by
   one or more requests, reference count >= 1) or free. Free blocks wait in one queue whose
   order is the eviction order; never-used blocks sit at its head.
-* A full prompt block whose content the trace identifies carries a hash and becomes a
+* A full block whose content the trace identifies carries a hash and becomes a
   prefix-cache entry the moment it is scheduled for computation. When its last holder
   releases it, it stays cached in the free queue until the queue hands it out again.
 * A hit is the longest run of leading blocks present (in use or free). Hitting a free block
   takes it out of the free queue ("touch").
 * Allocation pops from the head of the free queue, evicting whatever cache entry the popped
-  block carried. Released blocks are appended at the tail, a request's blocks in reverse
-  order, so shared prefixes outlive the suffixes built on them.
-* A block computed while its hash is already cached is a duplicate: it holds data but is
-  not a cache entry (vLLM keeps the first block in its hash map).
+  block carried. A request's blocks are released tail first; blocks without content go to
+  the front of the queue and cache entries to the back, so the queue is always
+  [content-free blocks][cache entries, least recently released first], and shared prefixes
+  outlive the suffixes built on them (vLLM 0.33 `BlockPool.free_blocks`).
+* A block computed while its hash is already cached is a duplicate and is a cache entry
+  too: vLLM's `BlockHashToBlockMap` keeps every copy of a hash, serves hits from the oldest
+  one, and evicting one copy leaves the hash cached while another remains.
 
-Blocks are represented by keys, not ids: a hashed block's key is its hash (>= 0), any other
-block gets a fresh negative key. Only keys in the free queue and reference counts of hashed
-in-use blocks are stored; which physical block is which never matters to a simulation.
+Blocks are represented by keys, not ids: a content-free block's key is `ANON`; a cache
+entry's key is its hash, or a fresh negative key for a second live copy of a hash. Only
+the content-free free count, the cache entries in the free queue and the reference counts
+of in-use cache entries are stored; which physical block is which never matters.
 """
 
 from __future__ import annotations
@@ -124,8 +128,16 @@ def leading_matches(
     return lengths
 
 
+ANON = -1  # the key of a block without cached content (never used, decode tail, partial)
+
+
 class PrefixCache:
-    """The block pool and prefix cache of one instance. Plain Python, no SimPy."""
+    """The block pool and prefix cache of one instance. Plain Python, no SimPy.
+
+    Keys: a block without cached content is `ANON`; a block that is a cache entry for hash
+    h has key h when it is the only live block carrying h when it was registered, and a
+    fresh negative key below `ANON` otherwise (a duplicate copy; `_dup_hash` names its hash).
+    """
 
     def __init__(
         self,
@@ -142,160 +154,208 @@ class PrefixCache:
         self.instance_id = instance_id
         self._index = index
         self._listeners = listeners if listeners is not None else []
-        self._pristine = num_blocks  # never-used blocks at the head of the free queue
+        # The free queue is [blocks without content][cache entries, least recently
+        # released first]: content-free blocks are only ever put at the front and cache
+        # entries at the back, so the first part is just a count.
+        self._plain_free = num_blocks
         self._free: OrderedDict[int, None] = OrderedDict()
-        self._in_use: dict[int, int] = {}  # hash -> reference count, hashed blocks only
-        self._next_anon = -1
+        self._ref: dict[int, int] = {}  # key -> reference count, in-use cache entries only
+        self._copies: dict[int, list[int]] = {}  # hash -> keys of its entries, oldest first
+        self._dup_hash: dict[int, int] = {}  # duplicate key -> its hash
+        self._next_dup = ANON - 1
         self.num_evictions = 0
 
     # -- queries -------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return self._pristine + len(self._free)
+        return self._plain_free + len(self._free)
 
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_total_blocks
 
     def contains(self, block_hash: int) -> bool:
-        return block_hash in self._in_use or block_hash in self._free
+        return block_hash in self._copies
+
+    def num_copies(self, block_hash: int) -> int:
+        return len(self._copies.get(block_hash, ()))
+
+    def hash_of(self, key: int) -> int:
+        return key if key >= 0 else self._dup_hash[key]
 
     def match(self, hashes: Sequence[int], max_blocks: int) -> int:
         """Leading blocks of `hashes[:max_blocks]` present (in use or free). No side effects."""
-        in_use, free = self._in_use, self._free
+        copies = self._copies
         limit = min(max_blocks, len(hashes))
         for j in range(limit):
-            h = hashes[j]
-            if h not in in_use and h not in free:
+            if hashes[j] not in copies:
                 return j
         return limit
 
     def num_free_among(self, hashes: Sequence[int], count: int) -> int:
-        """How many of the first `count` hashes sit in the free queue (a hit on them uses up
-        a free block)."""
-        free = self._free
-        return sum(1 for j in range(count) if hashes[j] in free)
+        """How many of the first `count` hashes are served by a block in the free queue (a
+        hit on them uses up a free block). A hit is served by the oldest entry of its hash
+        (vLLM `BlockHashToBlockMap.get_one_block`), even if a younger copy is in use."""
+        free, copies = self._free, self._copies
+        return sum(1 for j in range(count) if copies[hashes[j]][0] in free)
 
-    def refcount(self, block_hash: int) -> int:
-        return self._in_use.get(block_hash, 0)
+    def free_entries(self, limit: int) -> list[int]:
+        """Hashes of the first `limit` cache entries in the free queue: the next ones an
+        allocation beyond the content-free blocks evicts, in order."""
+        out = []
+        for key in self._free:
+            if len(out) >= limit:
+                break
+            out.append(self.hash_of(key))
+        return out
+
+    @property
+    def num_plain_free(self) -> int:
+        """Free blocks without content: allocations take these before evicting anything."""
+        return self._plain_free
+
+    def refcount(self, key: int) -> int:
+        return self._ref.get(key, 0)
 
     # -- mutations -----------------------------------------------------------------------
 
     def touch(self, hashes: Sequence[int], count: int) -> list[int]:
-        """Take a reference on the first `count` blocks (a prefix hit); returns their keys."""
-        in_use, free = self._in_use, self._free
+        """Take a reference on the first `count` blocks (a prefix hit); returns their keys.
+        Each hash is served by its oldest entry (vLLM `BlockPool.touch`)."""
+        ref, free, copies = self._ref, self._free, self._copies
+        keys = []
         for j in range(count):
-            h = hashes[j]
-            if h in in_use:
-                in_use[h] += 1
+            key = copies[hashes[j]][0]
+            if key in ref:
+                ref[key] += 1
             else:
-                del free[h]
-                in_use[h] = 1
-        return list(hashes[:count])
+                del free[key]
+                ref[key] = 1
+            keys.append(key)
+        return keys
 
     def allocate(self, count: int) -> list[int]:
-        """Pop `count` blocks from the head of the free queue; returns fresh anonymous keys.
+        """Pop `count` blocks from the head of the free queue; returns their keys (`ANON`).
         The caller checks `num_free_blocks` first."""
         if count > self.num_free_blocks:
             raise RuntimeError(f"allocating {count} blocks with {self.num_free_blocks} free")
         self.allocate_anonymous_run(count)
-        keys = list(range(self._next_anon, self._next_anon - count, -1))
-        self._next_anon -= count
-        return keys
+        return [ANON] * count
 
     def allocate_anonymous_run(self, count: int) -> None:
         """Allocate `count` blocks whose keys nobody needs (decode blocks are counted, not
-        named: they are released as anonymous blocks)."""
-        take = min(count, self._pristine)
-        self._pristine -= take
+        named). Content-free blocks go first; then cache entries are evicted, least
+        recently released first (vLLM `BlockPool.get_new_blocks` pops the queue's head and
+        `_maybe_evict_cached_block` drops that block, and only that copy, from the map)."""
+        take = min(count, self._plain_free)
+        self._plain_free -= take
         if count == take:
             return
         popitem = self._free.popitem
-        evicted = [key for key, _ in (popitem(last=False) for _ in range(count - take)) if key >= 0]
-        if evicted:
-            self.num_evictions += len(evicted)
-            index = self._index
-            if index is not None:
-                holders = index._holders
-                mask = ~(1 << self.instance_id)
-                for h in evicted:
+        evicted = [key for key, _ in (popitem(last=False) for _ in range(count - take))]
+        self.num_evictions += len(evicted)
+        index = self._index
+        holders = index._holders if index is not None else None
+        mask = ~(1 << self.instance_id)
+        copies, dup_hash = self._copies, self._dup_hash
+        listeners = self._listeners
+        for key in evicted:
+            h = key if key >= 0 else dup_hash.pop(key)
+            entries = copies[h]
+            entries.remove(key)
+            if not entries:
+                del copies[h]
+                if holders is not None:
                     left = holders[h] & mask
                     if left:
                         holders[h] = left
                     else:
                         del holders[h]
-            for listener in self._listeners:
-                for h in evicted:
-                    listener(self.instance_id, h, False)
+            # vLLM emits BlockRemoved for every evicted copy, even when another remains.
+            for listener in listeners:
+                listener(self.instance_id, h, False)
 
     def register(self, block_hash: int) -> int:
-        """A block just filled with content `block_hash`: make it a cache entry, unless that
-        hash is cached already (then it is a duplicate and stays anonymous). Returns its key."""
-        keys = [0]
+        """A block just filled with content `block_hash`: make it a cache entry. Returns its
+        key."""
+        keys = [ANON]
         self.register_range((block_hash,), keys, 0, 1)
         return keys[0]
 
     def register_range(self, hashes: Sequence[int], keys: list[int], first: int, last: int) -> None:
-        """`register` blocks first..last-1 of a prompt in place in `keys` (one call per chunk:
-        the per-block work is the simulator's hottest loop)."""
-        in_use, free = self._in_use, self._free
+        """`register` blocks first..last-1 of a request in place in `keys` (one call per
+        chunk: the per-block work is the simulator's hottest loop).
+
+        A block computed while its hash is already cached is a duplicate and becomes a
+        second entry of that hash (vLLM `BlockHashToBlockMap.insert` keeps every copy, and
+        `BlockPool.cache_full_blocks` emits BlockStored for it), so evicting one copy does
+        not lose the prefix."""
+        ref, copies = self._ref, self._copies
         index = self._index
         holders = index._holders if index is not None else None
         bit = 1 << self.instance_id
         listeners = self._listeners
         for j in range(first, last):
             h = hashes[j]
-            if h in in_use or h in free:
-                keys[j] = self._next_anon
-                self._next_anon -= 1
-                continue
-            in_use[h] = 1
-            if holders is not None:
-                holders[h] = holders.get(h, 0) | bit
+            entries = copies.get(h)
+            if entries is None:
+                key = h
+                copies[h] = [h]
+                if holders is not None:
+                    holders[h] = holders.get(h, 0) | bit
+            else:
+                key = self._next_dup
+                self._next_dup -= 1
+                self._dup_hash[key] = h
+                entries.append(key)
+            ref[key] = 1
             for listener in listeners:
                 listener(self.instance_id, h, True)
-            keys[j] = h
+            keys[j] = key
 
     def release(self, keys: Sequence[int], extra_anonymous: int = 0) -> None:
-        """Release a request's blocks: `extra_anonymous` unnamed tail blocks first, then
-        `keys` from last to first."""
-        free = self._free
-        anon = self._next_anon
-        for key in range(anon, anon - extra_anonymous, -1):
-            free[key] = None
-        self._next_anon = anon - extra_anonymous
-        in_use = self._in_use
+        """Release a request's blocks: `extra_anonymous` unnamed tail blocks and `keys`, tail
+        first (vLLM `KVCacheManager.free` frees in reverse order). A block whose last
+        holder leaves goes to the front of the free queue if it carries no cache entry
+        (reused first) and to the back if it does (LRU), as vLLM 0.33's
+        `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back."""
+        plain = extra_anonymous
+        ref, free = self._ref, self._free
         for key in reversed(keys):
-            if key >= 0:
-                ref = in_use[key] - 1
-                if ref:
-                    in_use[key] = ref
-                else:
-                    del in_use[key]
-                    free[key] = None
+            if key == ANON:
+                plain += 1
+                continue
+            count = ref[key] - 1
+            if count:
+                ref[key] = count
             else:
+                del ref[key]
                 free[key] = None
+        self._plain_free += plain
 
     # -- invariants ----------------------------------------------------------------------
 
-    def check(self, held_blocks: int, held_hash_refs: dict[int, int]) -> list[str]:
+    def check(self, held_blocks: int, held_refs: dict[int, int]) -> list[str]:
         """Problems with the pool given what the requests say they hold: `held_blocks` is the
-        sum of blocks over requests, `held_hash_refs` counts holders per hashed key."""
+        sum of blocks over requests, `held_refs` counts holders per cache-entry key."""
         problems = []
         used = self.num_total_blocks - self.num_free_blocks
-        shared = sum(ref - 1 for ref in self._in_use.values())
+        shared = sum(ref - 1 for ref in self._ref.values())
         if used != held_blocks - shared:
             problems.append(
                 f"used blocks {used} != blocks held by requests {held_blocks} - shared {shared}"
             )
-        if self._pristine < 0 or self.num_free_blocks > self.num_total_blocks:
+        if self._plain_free < 0 or self.num_free_blocks > self.num_total_blocks:
             problems.append(f"free blocks {self.num_free_blocks} out of range")
-        for h, ref in self._in_use.items():
+        for key, ref in self._ref.items():
             if ref <= 0:
-                problems.append(f"block {h} has reference count {ref}")
-            if h in self._free:
-                problems.append(f"block {h} is both free and in use")
-        if held_hash_refs != self._in_use:
+                problems.append(f"block {key} has reference count {ref}")
+            if key in self._free:
+                problems.append(f"block {key} is both free and in use")
+        if held_refs != self._ref:
             problems.append("reference counts differ from the requests' block lists")
+        entries = sum(len(v) for v in self._copies.values())
+        if entries != len(self._ref) + len(self._free):
+            problems.append(f"{entries} cache entries but {len(self._ref) + len(self._free)} hashed blocks")
         return problems

@@ -6,6 +6,9 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
 * `ttft_s` = f_r - a_r; `tpot_s` = (c_r - f_r)/(n_r - 1), undefined (null) when n_r = 1;
   `e2e_s` = c_r - a_r; `queue_s` = s_r - a_r.
 * `cached_tokens`: prefix-cache hit at the request's first admission.
+* `lookup_tokens`, `lookup_hit_tokens`: tokens looked up in the prefix cache and hit, summed
+  over every admission, first and resumed after preemption (a resumed lookup covers the
+  prompt and the outputs so far).
 * `status`: `finished`, `unfinished` (still in the system when the run stopped), `rejected`
   (waiting queue full) or `not_arrived` (a closed-loop step whose predecessor never finished).
 
@@ -36,6 +39,8 @@ class Recorder:
         self.instance_id = np.full(n, -1, dtype=np.int64)
         self.cached_tokens = np.full(n, -1, dtype=np.int64)
         self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.lookup_tokens = np.zeros(n, dtype=np.int64)
+        self.lookup_hit_tokens = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.samples: list[tuple[float, int, int, int, int, float, int, int]] = []
 
@@ -62,6 +67,8 @@ class Recorder:
         if request.cached_tokens is not None:
             self.cached_tokens[i] = request.cached_tokens
         self.num_preemptions[i] = request.num_preemptions
+        self.lookup_tokens[i] = request.lookup_tokens
+        self.lookup_hit_tokens[i] = request.lookup_hit_tokens
 
     def sample(
         self,

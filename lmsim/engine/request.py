@@ -34,7 +34,11 @@ class Request:
     the trace's ground truth and must not be used for routing (a real router cannot know it).
 
     `block_hashes` are the engine-block (16-token) content hashes of the prompt's full blocks
-    that the trace identifies, in order; see `lmsim.kv_cache.engine_block_hashes`.
+    that the trace identifies, in order; see `lmsim.engine.kv_cache.engine_block_hashes`.
+    `kv_hashes` (engine only) continues them over the output: the hashes of every full block
+    of prompt + output - 1 tokens that the request's continuation names (see
+    `lmsim.workload.trace.continuation_rows`); it is `block_hashes` when nothing continues
+    the request.
     """
 
     request_id: int
@@ -55,6 +59,9 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     cached_tokens: int | None = None  # prefix-cache hit at first admission
+    # Over every admission, first and resumed (vLLM counts both in its prefix-cache metric):
+    lookup_tokens: int = 0  # tokens looked up (prompt + outputs so far)
+    lookup_hit_tokens: int = 0  # of which served by the prefix cache
     predicted_ttft_s: float | None = None  # set by predictive policies, for error CDFs
     num_preemptions: int = 0
 
@@ -66,9 +73,15 @@ class Request:
     # Keys of the blocks allocated while prefilling (see kv_cache); blocks added while
     # decoding are not named, only counted.
     block_keys: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks that are cache entries (vLLM num_cached_block)
+    kv_hashes: list[int] | None = None
     pending_prefill: int = 0  # tokens counted in the instance's pending-prefill total
     finish_step: int = 0  # step counter value at whose end a decoding request finishes
     decoding: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_hashes is None:
+            self.kv_hashes = self.block_hashes
 
     @property
     def num_tokens_target(self) -> int:

@@ -52,6 +52,8 @@ class Results:
                 "output_tokens": out,
                 "cached_tokens": rec.cached_tokens,
                 "num_preemptions": rec.num_preemptions,
+                "lookup_tokens": rec.lookup_tokens,
+                "lookup_hit_tokens": rec.lookup_hit_tokens,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
                 "e2e_s": rec.finished_at - rec.arrived_at,
@@ -123,5 +125,16 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
     admitted = requests["cached_tokens"].to_numpy() >= 0
     input_total = requests["input_tokens"].to_numpy()[admitted].sum()
     cached_total = requests["cached_tokens"].to_numpy()[admitted].sum()
-    summary["prefix_hit_ratio"] = float(cached_total / input_total) if input_total else 0.0
+    first = float(cached_total / input_total) if input_total else 0.0
+    summary["prefix_hit_ratio_first_admission"] = first
+    # vLLM's prefix-cache hit rate (0.11 `KVCacheManager.get_computed_blocks`): hits over
+    # tokens looked up, resumed requests' lookups included (vLLM 0.11 counted them with the
+    # rest; 0.33 records them separately as `preempted_*`). Runs saved before these
+    # columns existed fall back to the first-admission ratio.
+    if "lookup_tokens" in requests:
+        looked = requests["lookup_tokens"].to_numpy().sum()
+        hits = requests["lookup_hit_tokens"].to_numpy().sum()
+        summary["prefix_hit_ratio"] = float(hits / looked) if looked else 0.0
+    else:
+        summary["prefix_hit_ratio"] = first
     return summary

@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
-from lmsim.engine.kv_cache import PrefixCache
+from lmsim.engine.kv_cache import ANON, PrefixCache
 from lmsim.engine.request import Request, RequestState
 from lmsim.profile.base import StepCostModel
 
@@ -53,6 +53,7 @@ class StepPlan:
     decode_context: int = 0  # sum of KV lengths the first step's decodes attend to
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    long_prefill_cap: int = 0  # long_prefill_token_threshold in force (0: waived or unset)
 
 
 @dataclass(slots=True)
@@ -75,6 +76,8 @@ class InstanceScheduler:
         enable_prefix_caching: bool = True,
         fast_forward: bool = True,
         max_run_steps: int = 64,
+        admission: str = "first_chunk",
+        watermark_blocks: int = 0,
     ) -> None:
         self.cache = cache
         self.cost_model = cost_model
@@ -86,6 +89,11 @@ class InstanceScheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.enable_prefix_caching = enable_prefix_caching
         self.fast_forward = fast_forward
+        if admission not in ADMISSION_RULES:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSION_RULES)}, got {admission!r}")
+        self.admission = admission
+        self.watermark_blocks = watermark_blocks if admission == "whole_prompt_watermark" else 0
+        self._cap = 0  # long_prefill_token_threshold in force for the step being planned
         # Most runs are cut short by an arrival after a dozen steps; pricing hundreds of steps
         # that are thrown away costs more than one extra event for the rare long run.
         self.max_run_steps = max_run_steps
@@ -105,6 +113,9 @@ class InstanceScheduler:
         self._dec_sum_input = 0
         self._dec_sum_base = 0
         self._finish_heap: list[tuple[int, int, Request]] = []
+        # Decoding requests with output blocks still to cache, by the step phase at which
+        # their KV fills a block: [s % bs] fill a block at step s.
+        self._fills: list[dict[Request, None]] = [{} for _ in range(self.block_size)]
 
         # Aggregates over waiting and prefilling requests.
         self._nondec_tokens = 0
@@ -134,11 +145,12 @@ class InstanceScheduler:
         return not self.running and not self.waiting
 
     def hit_blocks(self, request: Request) -> int:
-        """Blocks of `request` the prefix cache would serve now (capped, no side effects)."""
+        """Blocks of `request` the prefix cache would serve now (capped, no side effects).
+        A resumed request looks up its output blocks too (vLLM hashes `all_token_ids`)."""
         if not self.enable_prefix_caching:
             return 0
         cap = (request.num_tokens_target - 1) // self.block_size
-        return self.cache.match(request.block_hashes, cap)
+        return self.cache.match(request.kv_hashes, cap)
 
     def queued_prefills(self) -> list[tuple[int, int]]:
         out = [(r.num_tokens_target - r.num_computed_tokens, r.num_computed_tokens) for r in self.prefilling]
@@ -168,35 +180,90 @@ class InstanceScheduler:
             return None
         s = self.steps_done
         assert self._alloc_through == s, "plan() before the previous step was committed"
+        self._cap = self._long_prefill_cap()
         budget = self.max_num_batched_tokens
         num_dec = self.num_decoding
-        if not self.prefilling and num_dec and num_dec <= budget:
-            need = self._phase[s % self.block_size]
-            free = self.cache.num_free_blocks
-            if need <= free and self._admission_blocked(budget - num_dec, free - need):
-                return self._plan_run(s, free)
         self._run_start = s
-        plan = self._plan_aggregate(s, now)
+        decodes_allocated = False
+        decode_only = not self.prefilling and num_dec and num_dec <= budget
+        if decode_only and self._phase[s % self.block_size] <= self.cache.num_free_blocks:
+            # vLLM's schedule() allocates (and caches) the running requests' blocks before
+            # it looks at the waiting queue, so admission sees their evictions and fills.
+            self._allocate_decode_steps(s, s + 1)
+            decodes_allocated = True
+            if self._admission_blocked(budget - num_dec):
+                return self._plan_run(s)
+        plan = self._plan_aggregate(s, now, decodes_allocated)
         if plan is None:
             plan = self._plan_exact(s, now)
+        plan.long_prefill_cap = self._cap
         self._alloc_through = s + 1
         self._run_end = s + 1
         return plan
 
-    def _plan_run(self, s: int, free: int) -> StepPlan:
+    def _long_prefill_cap(self) -> int:
+        """`long_prefill_token_threshold`, unless one request is alone in the engine: vLLM
+        0.33 `Scheduler.schedule` drops the cap when running + waiting <= 1, since there is
+        nobody to starve (vLLM 0.11 always applied it)."""
+        if len(self.running) + len(self.waiting) > 1:
+            return self.long_prefill_token_threshold
+        return 0
+
+    def _plan_run(self, s: int) -> StepPlan:
+        """Decode-only steps from s (whose blocks are allocated) while the waiting queue's
+        head stays blocked and no decode finishes."""
         num_dec = self.num_decoding
-        k_finish = self._peek_finish_step() - s + 1
         k = 1
         if self.fast_forward:
-            k = min(k_finish, self._steps_until_blocks_run_out(s, free), self.max_run_steps)
+            k_finish = self._peek_finish_step() - s + 1
+            k = min(
+                k_finish,
+                1 + self._steps_until_blocks_run_out(s + 1, self.cache.num_free_blocks),
+                self.max_run_steps,
+            )
+            if k > 1 and self.waiting:
+                k = self._steps_head_stays_blocked(s, k)
         context0 = self.decode_context_tokens
         durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
-        self._run_start = s
         self._run_end = s + k
-        self._allocate_decode_steps(s, s + 1)
         return StepPlan(
-            s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0
+            s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0,
+            long_prefill_cap=self._cap,
         )
+
+    def _steps_head_stays_blocked(self, s: int, k: int) -> int:
+        """Shorten a run [s, s + k) to the steps after which the waiting queue's head is
+        still provably blocked. Free blocks only shrink during a decode-only run, but the
+        head's need can shrink too: when an allocation evicts a cached block of its hit
+        (the deeper hit blocks stop counting against the free pool) or when a decode caches
+        the block that extends its hit. The run ends before the first step that does
+        either; stepping then re-checks the head on the real state."""
+        head = self.waiting[0]
+        budget_left = self.max_num_batched_tokens - self.num_decoding
+        if not self.enable_prefix_caching or budget_left <= 0 or len(self.running) >= self.max_num_seqs:
+            return k  # blocked whatever the cache holds
+        bs = self.block_size
+        hashes = head.kv_hashes
+        hit = self.hit_blocks(head)
+        cap = (head.num_tokens_target - 1) // bs
+        extending = hashes[hit] if hit < min(cap, len(hashes)) else None
+        hit_set = set(hashes[:hit])
+        plain = self.cache.num_plain_free
+        need = sum(self._phase[(s + i) % bs] for i in range(1, k))
+        doomed = self.cache.free_entries(max(0, need - plain))
+        safe_allocs = plain + next((i for i, h in enumerate(doomed) if h in hit_set), len(doomed))
+        allocated = 0
+        for i in range(1, k):
+            st = s + i
+            allocated += self._phase[st % bs]
+            if allocated > safe_allocs:
+                return i
+            if extending is not None:
+                for request in self._fills[st % bs]:
+                    j = (request.input_tokens + st - request.decode_base) // bs - 1
+                    if j < len(request.kv_hashes) and request.kv_hashes[j] == extending:
+                        return i
+        return k
 
     def _steps_until_blocks_run_out(self, s: int, free: int) -> int:
         """Longest k such that the decodes' block needs over steps s..s+k-1 fit in `free`."""
@@ -223,43 +290,91 @@ class InstanceScheduler:
         return total
 
     def _allocate_decode_steps(self, start: int, end: int) -> None:
-        if end > start:
-            self.cache.allocate_anonymous_run(self._blocks_for_steps(start, end))
-            self._alloc_through = end
+        """Allocate the decodes' new blocks of steps start..end-1 and cache the blocks their
+        KV fills, step by step (vLLM `KVCacheManager.allocate_slots` caches every full block
+        up to `num_computed_tokens + num_new_tokens`, so an output block becomes a cache
+        entry at the step that computes its last token)."""
+        if end <= start:
+            return
+        cache = self.cache
+        bs = self.block_size
+        phase = self._phase
+        fills = self._fills
+        for st in range(start, end):
+            need = phase[st % bs]
+            if need:
+                cache.allocate_anonymous_run(need)
+            bucket = fills[st % bs]
+            if bucket:
+                for request in list(bucket):
+                    self._cache_filled_block(request, st)
+        self._alloc_through = end
 
-    def _admission_blocked(self, budget_left: int, free_after: int) -> bool:
-        """Would the head of the waiting queue fail to be admitted this step? Once true
-        during a decode-only run it stays true until a request leaves (free blocks only
-        shrink and cached prefixes only get evicted)."""
+    def _cache_filled_block(self, request: Request, st: int) -> None:
+        """A decoding request's KV fills block j at step st: make it a cache entry."""
+        j = (request.input_tokens + st - request.decode_base) // self.block_size - 1
+        hashes = request.kv_hashes
+        if j >= len(hashes) or j < request.num_cached_blocks:
+            return
+        keys = request.block_keys
+        if j == len(keys):
+            keys.append(ANON)
+        self.cache.register_range(hashes, keys, j, j + 1)
+        request.num_cached_blocks = j + 1
+        if j + 1 >= len(hashes):
+            self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
+
+    def _admission_blocked(self, budget_left: int) -> bool:
+        """Would the head of the waiting queue fail to be admitted this step?"""
         if not self.waiting:
             return True
         if budget_left <= 0 or len(self.running) >= self.max_num_seqs:
             return True
-        return self._admission_need(self.waiting[0], budget_left)[3] > free_after
+        return self._admission_need(self.waiting[0], budget_left)[3] > self.cache.num_free_blocks
 
     def _admission_need(self, request: Request, budget_left: int) -> tuple[int, int, int, int]:
-        """(hit blocks, tokens to schedule, new blocks, free blocks consumed) for admitting."""
+        """(hit blocks, tokens to schedule, new blocks to allocate now, free blocks the
+        admission check requires) for admitting `request` under `self.admission`:
+
+        * `first_chunk`: the first chunk's blocks (vLLM v1 `allocate_slots` until 2026);
+        * `full_sequence`: blocks for every token of the request (vLLM 0.33
+          `scheduler_reserve_full_isl`, `allocate_slots(full_sequence_must_fit=True)`:
+          `cdiv(num_tokens)` minus hit blocks plus the free hit blocks); only the first
+          chunk is allocated;
+        * `whole_prompt_watermark`: the whole prompt is allocated at admission and must
+          leave `watermark_blocks` free (vLLM v0 `BlockSpaceManager.can_allocate`, Vidur's
+          `_can_allocate_request` with `watermark_blocks_fraction`).
+
+        Free hit blocks count in every rule: touching them takes them out of the free
+        queue (vLLM `get_num_blocks_to_allocate` adds `num_evictable_blocks`)."""
         bs = self.block_size
         hit_blocks = self.hit_blocks(request)
         hit = hit_blocks * bs
-        q = request.num_tokens_target - hit
-        if 0 < self.long_prefill_token_threshold < q:
-            q = self.long_prefill_token_threshold
+        target = request.num_tokens_target
+        q = target - hit
+        if 0 < self._cap < q:
+            q = self._cap
         q = min(q, budget_left)
+        touched_free = self.cache.num_free_among(request.kv_hashes, hit_blocks)
+        full_blocks = -(-target // bs) - hit_blocks
+        if self.admission == "whole_prompt_watermark":
+            return hit_blocks, q, full_blocks, full_blocks + touched_free + self.watermark_blocks
         new_blocks = -(-(hit + q) // bs) - hit_blocks
-        consumed = new_blocks + self.cache.num_free_among(request.block_hashes, hit_blocks)
-        return hit_blocks, q, new_blocks, consumed
+        if self.admission == "full_sequence":
+            return hit_blocks, q, new_blocks, full_blocks + touched_free
+        return hit_blocks, q, new_blocks, new_blocks + touched_free
 
     def _chunk_size(self, request: Request, budget_left: int) -> int:
         q = request.num_tokens_target - request.num_computed_tokens
-        if 0 < self.long_prefill_token_threshold < q:
-            q = self.long_prefill_token_threshold
+        if 0 < self._cap < q:
+            q = self._cap
         return min(q, budget_left)
 
     def _new_blocks_for_chunk(self, request: Request, q: int) -> int:
-        return -(-(request.num_computed_tokens + q) // self.block_size) - len(request.block_keys)
+        # 0 when the whole prompt was allocated at admission
+        return max(0, -(-(request.num_computed_tokens + q) // self.block_size) - len(request.block_keys))
 
-    def _plan_aggregate(self, s: int, now: float) -> StepPlan | None:
+    def _plan_aggregate(self, s: int, now: float, decodes_allocated: bool = False) -> StepPlan | None:
         """The common case in O(prefilling + admitted): no starvation, no preemption, and
         partial prefills behind every decode in running order. None if it does not apply."""
         budget = self.max_num_batched_tokens
@@ -272,11 +387,12 @@ class InstanceScheduler:
         demands = [self._chunk_size(r, budget) for r in prefilling]
         if num_dec + sum(demands) > budget:
             return None
-        blocks = self._phase[s % self.block_size]
+        blocks = 0 if decodes_allocated else self._phase[s % self.block_size]
         chunk_blocks = [self._new_blocks_for_chunk(r, q) for r, q in zip(prefilling, demands)]
         if blocks + sum(chunk_blocks) > self.cache.num_free_blocks:
             return None
-        self.cache.allocate_anonymous_run(blocks)
+        if not decodes_allocated:
+            self._allocate_decode_steps(s, s + 1)
         plan = StepPlan(
             s,
             1,
@@ -320,6 +436,8 @@ class InstanceScheduler:
                 break
             if request.decoding:
                 cache.allocate_anonymous_run(need)
+                if request in self._fills[s % bs]:
+                    self._cache_filled_block(request, s)
                 plan.num_decodes += 1
                 plan.decode_context += request.input_tokens + s - request.decode_base
             else:
@@ -349,12 +467,16 @@ class InstanceScheduler:
             if consumed > cache.num_free_blocks:
                 break
             self.waiting.popleft()
-            hashes = request.block_hashes if self.enable_prefix_caching else ()
+            hashes = request.kv_hashes if self.enable_prefix_caching else ()
             request.block_keys = cache.touch(hashes, hit_blocks)
+            request.num_cached_blocks = hit_blocks
             request.num_computed_tokens = hit_blocks * bs
             if request.first_scheduled_at is None:
                 request.first_scheduled_at = now
                 request.cached_tokens = hit_blocks * bs
+            if self.enable_prefix_caching:
+                request.lookup_tokens += request.num_tokens_target
+                request.lookup_hit_tokens += hit_blocks * bs
             request.state = RequestState.RUNNING
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
@@ -375,11 +497,12 @@ class InstanceScheduler:
             keys.extend(cache.allocate(new_blocks))
         if not self.enable_prefix_caching:
             return
-        hashes = request.block_hashes
-        first = request.num_computed_tokens // self.block_size
+        hashes = request.kv_hashes
+        first = request.num_cached_blocks
         last = min((request.num_computed_tokens + q) // self.block_size, len(hashes))
         if last > first:
             cache.register_range(hashes, keys, first, last)
+            request.num_cached_blocks = last
 
     # -- committing ----------------------------------------------------------------------
 
@@ -459,6 +582,8 @@ class InstanceScheduler:
         request.decoding = True
         request.decode_base = base
         self._phase[(base + 1 - request.input_tokens) % self.block_size] += 1
+        if len(request.kv_hashes) > request.num_cached_blocks and self.enable_prefix_caching:
+            self._fills[(base - request.input_tokens) % self.block_size][request] = None
         self.num_decoding += 1
         self._dec_sum_input += request.input_tokens
         self._dec_sum_base += base
@@ -469,6 +594,7 @@ class InstanceScheduler:
         base = request.decode_base
         request.num_output_done = self.steps_done - base
         self._phase[(base + 1 - request.input_tokens) % self.block_size] -= 1
+        self._fills[(base - request.input_tokens) % self.block_size].pop(request, None)
         self.num_decoding -= 1
         self._dec_sum_input -= request.input_tokens
         self._dec_sum_base -= base
@@ -499,6 +625,7 @@ class InstanceScheduler:
         held = self._blocks_held(request)
         self.cache.release(request.block_keys, held - len(request.block_keys))
         request.block_keys = []
+        request.num_cached_blocks = 0
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: free everything, back to the front of the waiting queue."""
@@ -521,6 +648,9 @@ class InstanceScheduler:
     def _set_pending(self, request: Request, value: int) -> None:
         self.pending_prefill_tokens += value - request.pending_prefill
         request.pending_prefill = value
+
+
+ADMISSION_RULES = ("first_chunk", "full_sequence", "whole_prompt_watermark")
 
 
 def _admit_seq(request: Request) -> int:

@@ -27,7 +27,7 @@ from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
 from lmsim.profile import StepCostModel, load_cost_model
-from lmsim.workload.trace import Trace
+from lmsim.workload.trace import Trace, continuation_rows, continued_ids
 
 
 class _Context:
@@ -68,6 +68,8 @@ class Simulation:
         self.env = simpy.Environment()
         self.cost_model = load_cost_model(cfg.profile)
         self.num_blocks = self._kv_blocks()
+        # vLLM v0 / Vidur: int(fraction * blocks)
+        self.watermark_blocks = int(cfg.watermark_blocks_fraction * self.num_blocks)
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self.router_events: list[dict[str, Any]] = []
         self.index = GlobalPrefixIndex(cfg.num_instances)
@@ -86,6 +88,8 @@ class Simulation:
                 long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                 enable_prefix_caching=cfg.enable_prefix_caching,
                 fast_forward=config.simulation.fast_forward,
+                admission=cfg.admission,
+                watermark_blocks=self.watermark_blocks,
             )
             self.instances.append(Instance(self.env, i, scheduler, self._on_step_end))
 
@@ -109,6 +113,10 @@ class Simulation:
         for row in np.flatnonzero(after >= 0).tolist():
             self._children.setdefault(int(after[row]), []).append(row)
         self._delay = trace.column("delay_s")
+        # whose prompt names each row's output blocks (generated tokens are cached)
+        self._continuation = (
+            continuation_rows(trace) if cfg.enable_prefix_caching else np.full(len(trace), -1)
+        )
         self._session_id = trace.column("session_id")
         self._parent_id = trace.column("parent_id")
         self._class_id = trace.column("class_id")
@@ -242,12 +250,25 @@ class Simulation:
         ids = trace.hash_ids(row)
         bs = self.config.cluster.block_size
         input_tokens = int(trace.input_tokens[row])
+        output_tokens = int(trace.output_tokens[row])
+        prompt = engine_block_hashes(ids, trace.block_size, input_tokens, bs)
+        kv = prompt
+        cont = int(self._continuation[row])
+        if cont >= 0:
+            # Every full block of prompt + output - 1 tokens (the last sampled token never
+            # gets KV), named by the continuation where the prompt ends.
+            full = engine_block_hashes(
+                continued_ids(trace, row, cont), trace.block_size, input_tokens + output_tokens - 1, bs
+            )
+            if len(full) > input_tokens // bs:
+                prompt, kv = full[: input_tokens // bs], full
         request = Request(
             request_id=row,
             arrived_at=now,
             input_tokens=input_tokens,
-            output_tokens=int(trace.output_tokens[row]),
-            block_hashes=engine_block_hashes(ids, trace.block_size, input_tokens, bs),
+            output_tokens=output_tokens,
+            block_hashes=prompt,
+            kv_hashes=kv,
             trace_hash_ids=ids,
             session_id=int(self._session_id[row]),
             parent_id=int(self._parent_id[row]),
@@ -266,6 +287,8 @@ class Simulation:
         # A request whose final context exceeds the whole KV pool could never finish (vLLM
         # refuses it up front as longer than the model length); queueing it would livelock.
         too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > self.num_blocks
+        # under a watermark the whole prompt must fit beside it, or it would wait forever
+        too_long |= -(-request.input_tokens // bs) + self.watermark_blocks > self.num_blocks
         waiting = self.instances[instance_id].scheduler.num_waiting
         if too_long or (cap is not None and waiting >= cap):
             request.state = RequestState.REJECTED

@@ -147,6 +147,11 @@ def cache_key(trace: Trace, config: ExperimentConfig, search: CapacitySearch) ->
     digest.update(str(trace.block_size).encode())
     cluster = config.cluster.model_dump(mode="json")
     cluster.pop("max_waiting", None)
+    # Settings added after capacities were measured are left out at their defaults, so
+    # the measured keys stay valid for the runs they describe.
+    for name, default in (("admission", "first_chunk"), ("watermark_blocks_fraction", 0.01)):
+        if cluster.get(name) == default:
+            cluster.pop(name)
     payload = {"cluster": cluster, "search": search.__dict__, "version": CRITERION_VERSION}
     digest.update(json.dumps(payload, sort_keys=True).encode())
     return digest.hexdigest()[:32]

@@ -19,6 +19,13 @@ Parquet file with one row per request:
 | `delay_s`       | float64       | think time used with `after_id`                                |
 
 The Parquet schema metadata carries `block_size` (tokens per hash id) and `source`.
+
+Generated tokens are named by the continuation: a request's output occupies the positions
+after its prompt, and the row that continues it (`continuation_rows`) names those
+positions' blocks with its own ids. So a generator or converter that re-sends a turn's
+answer in the next turn must give the next turn ids that begin with the turn's full-block
+ids and then name the answer's blocks; a row that merely shares a prefix must not look
+like a continuation (single-turn rows carry their own `session_id`).
 A row whose `after_id` is -1 arrives at `arrival_s`; otherwise `arrival_s` is only its
 open-loop estimate, and the simulator releases it `delay_s` after `after_id` finishes.
 Rows are in arrival order; ties keep file order.
@@ -27,6 +34,7 @@ Rows are in arrival order; ties keep file order.
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,3 +293,84 @@ def read_parquet(path: str | os.PathLike[str]) -> Trace:
     )
     trace.validate()
     return trace
+
+
+def continuation_rows(trace: Trace) -> np.ndarray:
+    """For each row r, the row whose prompt continues r's prompt and output, or -1.
+
+    In order of precedence: the first row naming r as `after_id` (a closed-loop step that
+    follows r), the first naming r as `parent_id` (the next turn), else the first later
+    row, in the same session when r has one, whose ids extend r's full-block ids and go
+    on for at least one more full block (chained ids: sharing r's last full-block id at
+    its position means sharing everything before it). A candidate whose ids do not begin
+    with r's full-block ids is not a continuation (its trace says the contents differ).
+    """
+    n = len(trace)
+    out = np.full(n, -1, dtype=np.int64)
+    bs = trace.block_size
+    offsets = trace.hash_offsets
+    lengths = np.diff(offsets)
+    full = np.minimum(trace.input_tokens // bs, lengths)  # identified full trace blocks
+    linked = np.zeros(n, dtype=bool)
+    for name in ("parent_id", "after_id"):  # after_id wins
+        col = trace.column(name)
+        rows = np.flatnonzero(col >= 0)
+        if not len(rows):
+            continue
+        first = np.full(n, n, dtype=np.int64)
+        np.minimum.at(first, col[rows], rows)
+        has = first < n
+        out[has] = first[has]
+        linked |= has
+    _extend_by_prefix(trace, out, linked, full)
+    # a continuation whose ids contradict r's full blocks is dropped
+    rows = np.flatnonzero(out >= 0)
+    k = full[rows]
+    cont = out[rows]
+    deep = k > 0
+    ok = np.ones(len(rows), dtype=bool)
+    ok[deep] = (full[cont[deep]] >= k[deep]) & (
+        trace.hash_values[offsets[rows[deep]] + k[deep] - 1]
+        == trace.hash_values[offsets[cont[deep]] + np.minimum(k[deep], full[cont[deep]]) - 1]
+    )
+    out[rows[~ok]] = -1
+    return out
+
+
+def _extend_by_prefix(trace: Trace, out: np.ndarray, linked: np.ndarray, full: np.ndarray) -> None:
+    n = len(trace)
+    offsets = trace.hash_offsets
+    values = trace.hash_values
+    session = trace.column("session_id")
+    queries = np.flatnonzero(~linked & (full > 0))
+    if not len(queries):
+        return
+    qid = values[offsets[queries] + full[queries] - 1]
+    lengths = np.diff(offsets)
+    entries = np.flatnonzero(np.isin(values, qid))
+    row_of = np.repeat(np.arange(n, dtype=np.int64), lengths)[entries]
+    pos = entries - offsets[row_of]
+    usable = pos + 1 < full[row_of]  # at least one more full block after it
+    index: dict[tuple[int, int], list[int]] = {}
+    for v, p, r in zip(values[entries][usable].tolist(), pos[usable].tolist(), row_of[usable].tolist()):
+        index.setdefault((v, p), []).append(r)
+    for r, v in zip(queries.tolist(), qid.tolist()):
+        rows = index.get((v, int(full[r]) - 1))
+        if not rows:
+            continue
+        sess = session[r]
+        for s in rows[bisect_right(rows, r) :]:
+            if sess < 0 or session[s] == sess:
+                out[r] = s
+                break
+
+
+def continued_ids(trace: Trace, row: int, cont: int) -> np.ndarray:
+    """Trace ids of row `row`'s prompt and output: its full-block ids, then the full-block
+    ids its continuation `cont` has beyond them."""
+    bs = trace.block_size
+    own = trace.hash_ids(row)
+    k = min(int(trace.input_tokens[row]) // bs, len(own))
+    nxt = trace.hash_ids(cont)
+    k_next = min(int(trace.input_tokens[cont]) // bs, len(nxt))
+    return np.concatenate((own[:k], nxt[k:k_next]))

@@ -32,10 +32,15 @@ def _template_plan(
     blocks = template_tokens // block_size
     base = np.concatenate(([0], np.cumsum(blocks)[:-1]))
     which = rng.choice(len(shares), size=n, p=shares)
+    # Each request is a session of its own: a later request of the same template shares
+    # its template blocks but never continues it, so it must not name its output blocks
+    # (see lmsim.workload.trace.continuation_rows), even when a suffix shorter than a
+    # block leaves the template as the request's only full blocks.
     return Plan(
         arrival=arrival, input_tokens=template_tokens[which] + suffix, output_tokens=out,
         chain=np.arange(n), keep=blocks[which], chain_prefix_base=base[which],
         chain_prefix_blocks=blocks[which], first_fresh_id=int(blocks.sum()),
+        session=np.arange(n),
     )  # fmt: skip
 
 

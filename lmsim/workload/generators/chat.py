@@ -37,7 +37,10 @@ def _session_cumsum(x: np.ndarray, first: np.ndarray) -> np.ndarray:
 class ChatbotGenerator:
     """Multi-turn chat sessions. A session picks one of `num_system_prompts` system prompts
     (Zipf popularity); turn 1 sends prompt + user message; turn t+1 re-sends turn t's input
-    and output plus a new user message, so it reuses every complete block of turn t.
+    and output plus a new user message. Turn t+1's ids begin with turn t's full prompt
+    blocks and go on with fresh ids from there: those name turn t's output blocks (and the
+    block where its prompt ends), so the engine caches turn t's answer under the ids turn
+    t+1 looks up (`lmsim.workload.trace.continuation_rows`, by `parent_id`).
 
     Defaults reproduce Qwen trace A (traces.md §3.4, third-party table): 5.98 req/s, input
     mean/p50/p99 2,331 / 1,046 / 14,359, output 430 / 375 / 1,641, 46.3 % follow-up turns,
