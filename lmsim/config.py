@@ -42,6 +42,9 @@ class WorkloadConfig(_Strict):
     start_s: float | None = Field(None, ge=0, description="keep arrivals at or after this time")
     end_s: float | None = Field(None, gt=0, description="keep arrivals before this time")
     limit: int | None = Field(None, gt=0, description="keep the first N requests")
+    max_tokens: int | None = Field(
+        None, gt=1, description="shorten prompts so prompt + output <= this (Vidur's model-length clip)"
+    )
     sample: SampleConfig | None = Field(
         None, description="Bernoulli thinning (e.g. a canary's share of the traffic)"
     )

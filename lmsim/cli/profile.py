@@ -55,11 +55,35 @@ def register_cli(subparsers) -> None:
     f = sub.add_parser("fit", help="fit a profile's tables to measured step times")
     f.add_argument("measurements", type=Path, help="CSV: " + ",".join(
         ("prefill_tokens", "cached_context", "decode_count", "decode_context", "step_s")))
-    f.add_argument("--base", required=True, help="profile whose shapes are kept")
+    start = f.add_mutually_exclusive_group(required=True)
+    start.add_argument("--base", help="any profile (name or path) whose shapes are kept")
+    start.add_argument("--spec", type=Path,
+                       help="YAML of model dimensions and GPU facts to start from (lmsim.profile.spec)")
     f.add_argument("--out", type=Path, required=True, help="folder for the fitted profile")
     f.add_argument("--name", help="name recorded in the new profile (default: <base>-fit)")
     add_overwrite_option(f, "file in a folder that is not an lmsim profile")
     f.set_defaults(func=cmd_fit)
+
+    imp = sub.add_parser("import", help="compose another simulator's profiling data into a profile")
+    isub = imp.add_subparsers(dest="import_format", required=True)
+    v = isub.add_parser("vidur", help="Vidur's per-operator medians (compute/, network/ folders)")
+    v.add_argument("dir", type=Path, help="Vidur profiling folder holding compute/ and network/")
+    v.add_argument("--model", required=True, help="e.g. meta-llama/Llama-2-70b-hf")
+    v.add_argument("--device", required=True, help="e.g. a100")
+    v.add_argument("--network", required=True, help="e.g. a100_dgx")
+    v.add_argument("--tp", type=int, required=True, help="tensor parallel size")
+    v.add_argument("--out", type=Path, required=True, help="new folder for the profile")
+    v.add_argument("--layers", type=int, help="layers, for a model outside Vidur's registry")
+    v.add_argument("--block-size", type=int, default=16, help="KV block size of the attention rows (16)")
+    v.add_argument("--max-tokens", type=int, default=4096,
+                   help="Vidur's request max_tokens: the KV pool holds whole slots of it (4096)")
+    v.add_argument("--memory-margin", type=float, default=0.1, help="Vidur's memory_margin_fraction (0.1)")
+    v.add_argument("--name", help="profile name (default: <device>/<model>-tp<N>)")
+    v.set_defaults(func=cmd_import_vidur)
+
+    val = sub.add_parser("validate", help="check a profile against the schema; one line per problem")
+    val.add_argument("name", help="profile name or path")
+    val.set_defaults(func=cmd_validate)
 
 
 PROFILE_FILES = ("profile.yaml", *TABLE_FILES.values(), "plot.png")
@@ -119,6 +143,16 @@ def _kv_fits(kv_tokens: int | None, batch: int, ctx: int) -> str:
     return "*" if kv_tokens is not None and batch * ctx > kv_tokens else ""
 
 
+def _off_grid(model: TableCostModel, chunks: list[tuple[int, int]], batch: int, context: int) -> str:
+    """'!' when any of these steps leaves the profile's grid (its time is extrapolated)."""
+    return "!" if model.outside_grid(chunks, batch, context) else ""
+
+
+def _prefill_off_grid(model: TableCostModel, tokens: int, cached: int, budget: int = 8192) -> str:
+    chunks = [(min(budget, tokens - done), cached + done) for done in range(0, tokens, budget)]
+    return "!" if any(model.outside_grid([c], 0, 0) for c in chunks) else ""
+
+
 def format_show(model: TableCostModel) -> str:
     d = model.data
     hw, mf, mem = d.meta["hardware"], d.meta["model"], d.meta["memory"]
@@ -137,23 +171,27 @@ def format_show(model: TableCostModel) -> str:
         if util == 0.9:
             kv_tokens = blocks * 16
         lines.append(f"KV capacity at gpu_memory_utilization {util}: {blocks:,} blocks of 16 = {blocks * 16:,} tokens")
-    lines += ["", "(a) prefill time of one request alone, engine only, budget 8192 [ms]"]
+    lines += ["", "(a) prefill time of one request alone, engine only, budget 8192 [ms]; "
+              "! = outside the profile's grid (extrapolated)"]
     sizes = (512, 1024, 2048, 4096, 8192, 32768, 65536)
     lines.append(f"{'new tokens':>16}" + "".join(f"{s:>9}" for s in sizes))
     for cached in (0, 8192):
-        vals = [prefill_seconds(model, s, cached) * 1e3 for s in sizes]
-        lines.append(f"{f'{cached // 1024}k cached':>16}" + "".join(f"{v:>9.1f}" for v in vals))
-    lines += ["", "(b) decode step time [ms]; * = the batch does not fit in the KV pool"]
+        cells = [f"{prefill_seconds(model, s, cached) * 1e3:.1f}{_prefill_off_grid(model, s, cached)}"
+                 for s in sizes]
+        lines.append(f"{f'{cached // 1024}k cached':>16}" + "".join(f"{c:>9}" for c in cells))
+    lines += ["", "(b) decode step time [ms]; * = the batch does not fit in the KV pool, ! = outside the grid"]
     batches = (1, 8, 32, 64, 128, 256)
     lines.append(f"{'batch':>16}" + "".join(f"{b:>9}" for b in batches))
     for ctx in (1024, 8192):
-        cells = [f"{decode_step_seconds(model, b, ctx) * 1e3:.1f}{_kv_fits(kv_tokens, b, ctx)}" for b in batches]
+        cells = [f"{decode_step_seconds(model, b, ctx) * 1e3:.1f}{_kv_fits(kv_tokens, b, ctx)}"
+                 f"{_off_grid(model, [], b, b * ctx)}" for b in batches]
         lines.append(f"{f'ctx {ctx // 1024}k':>16}" + "".join(f"{c:>9}" for c in cells))
     lines += ["", "(e) mixed steps: decodes at ctx 2048 plus one fresh chunk [ms]"]
     for b, q in ((64, 0), (64, 512), (64, 2048), (64, 8128), (200, 0), (200, 2048)):
         chunks = [(q, 0)] if q else []
         label = f"{b} decodes" + (f" + {q}-token chunk" if q else "")
-        lines.append(f"  {label:<34}{model.step_time(chunks, b, b * 2048) * 1e3:>9.1f}")
+        mark = _off_grid(model, chunks, b, b * 2048)
+        lines.append(f"  {label:<34}{model.step_time(chunks, b, b * 2048) * 1e3:>9.1f}{mark}")
     prov = d.meta.get("provenance", {})
     fit = prov.get("fit_error")
     shared = prov.get("fit_error_shared_constants") or []
@@ -193,9 +231,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from lmsim.profile.fit import fit_profile
 
-    base = load_table_profile(args.base)
+    if getattr(args, "spec", None) is not None:
+        from lmsim.profile.spec import base_from_spec
+
+        base = TableCostModel(base_from_spec(args.spec))
+    else:
+        base = load_table_profile(args.base)
     name = args.name or f"{base.name}-fit"
-    if args.out.resolve() == Path(base.data.source).resolve().parent:
+    if getattr(args, "spec", None) is None and args.out.resolve() == Path(base.data.source).resolve().parent:
         raise ProfileError(f"{args.out}: --out must differ from the base profile's folder")
     check_profile_dir(args.out, overwrite=args.overwrite)
     data, report = fit_profile(base, args.measurements, name)
@@ -206,4 +249,56 @@ def cmd_fit(args: argparse.Namespace) -> int:
         s = report[label]
         print(f"{label:<8}{s['rows']:>7}{s['median_abs_rel_err']:>9.2%}{s['p90_abs_rel_err']:>9.2%}"
               f"{s['max_abs_rel_err']:>9.2%}{s['mean_rel_bias']:>+9.2%}")
+    return 0
+
+
+def _write_new_profile(data, out: Path) -> Path:
+    """Write into a new (or empty) folder via a temporary sibling, so nothing else is touched
+    and a crash leaves no half-written profile."""
+    import os
+    import shutil
+    import tempfile
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ProfileError(f"{out}: --out exists and is not an empty folder; choose a new one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_profile(data, tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out / "profile.yaml"
+
+
+def cmd_import_vidur(args: argparse.Namespace) -> int:
+    from lmsim.profile.vidur import import_vidur
+
+    data = import_vidur(
+        args.dir, model=args.model, device=args.device, network=args.network, tp=args.tp,
+        layers=args.layers, block_size=args.block_size, max_tokens=args.max_tokens,
+        memory_margin=args.memory_margin, name=args.name,
+    )
+    path = _write_new_profile(data, args.out)
+    model = TableCostModel(data)
+    util = data.meta["memory"]["reference_gpu_memory_utilization"]
+    print(f"wrote {path}")
+    print(f"KV pool at gpu_memory_utilization {util}: {model.num_kv_blocks(args.block_size, util):,} "
+          f"blocks of {args.block_size} per instance")
+    print(data.meta["provenance"]["rules"]["outside_data"])
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from lmsim.profile.tables import resolve_profile, validate_profile
+
+    problems = validate_profile(args.name)
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 2
+    print(f"{resolve_profile(args.name)}: ok")
     return 0

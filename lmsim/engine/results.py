@@ -109,6 +109,7 @@ class Results:
                 "num_steps": sum(i.num_steps for i in sim.instances),
                 "num_step_events": sum(i.num_events for i in sim.instances),
                 "num_preemptions": int(rec.num_preemptions.sum()),
+                "outside_grid_steps": sum(i.scheduler.num_outside_grid for i in sim.instances),
                 "num_evictions": sum(i.cache.num_evictions for i in sim.instances),
                 "kv_blocks_per_instance": sim.num_blocks,
                 "policy": sim.config.router.policy,

@@ -81,6 +81,8 @@ class InstanceScheduler:
     ) -> None:
         self.cache = cache
         self.cost_model = cost_model
+        self._grid_check = getattr(cost_model, "steps_outside_grid", None)
+        self.num_outside_grid = 0  # committed steps priced outside the profile's grid
         self.block_size = cache.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -523,6 +525,11 @@ class InstanceScheduler:
     def commit(self, plan: StepPlan, now: float) -> StepOutcome:
         """End of the planned step or run at time `now`."""
         end = self._run_end
+        if self._grid_check is not None:
+            self.num_outside_grid += self._grid_check(
+                [(q, r.num_computed_tokens) for r, q in plan.chunks],
+                plan.num_decodes, plan.decode_context, end - self._run_start,
+            )
         if end > self._alloc_through:
             self._allocate_decode_steps(self._alloc_through, end)
         self.steps_done = end

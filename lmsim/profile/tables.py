@@ -24,10 +24,9 @@ path (`step_time`) and the vectorised one (`decode_run_times`) agree bit for bit
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import functools
-import math
+import warnings
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,8 +38,8 @@ import yaml
 
 from lmsim.errors import ProfileError
 from lmsim.outputs import atomic_path, write_text
+from lmsim.profile.schema import FORMAT, validate_meta
 
-FORMAT = "lmsim-profile/1"
 GIB = float(1 << 30)
 
 TABLE_FILES = {
@@ -54,17 +53,6 @@ MATRIX_AXES = {
     "prefill_attention": ("chunk_tokens", "cached_context"),
     "decode_attention": ("batch", "total_context"),
 }
-REQUIRED = {
-    "hardware": ("gpu", "memory_gib", "hbm_bandwidth_bytes_s", "peak_bf16_flops"),
-    "model": ("name", "layers", "attention_heads", "kv_heads", "head_dim", "kv_bytes_per_token",
-              "weight_bytes", "experts"),
-    "memory": ("non_kv_overhead_gib",),
-    "step": ("fixed_s", "cpu_per_token_s"),
-    "tables": tuple(TABLE_FILES),
-    "provenance": ("generated_by", "date"),
-}
-
-
 @dataclass
 class ProfileData:
     """Everything a profile holds, in memory; `TableCostModel` is built from it."""
@@ -138,6 +126,10 @@ def interp2(xs: np.ndarray, ys: np.ndarray, z: np.ndarray, x: np.ndarray, y: np.
     return r0 * (1.0 - wx) + r1 * wx
 
 
+class ProfileGridWarning(UserWarning):
+    """A simulated step left the grid its profile was measured or tabulated on."""
+
+
 class TableCostModel:
     """The step-cost predictor over a profile's tables (see the module docstring)."""
 
@@ -169,7 +161,18 @@ class TableCostModel:
         # max_model_len); None leaves prompt and output lengths unchecked.
         declared = m["model"].get("max_model_len")
         self.max_model_len = int(declared) if declared else None
+        self._slot_tokens = int(m["memory"].get("kv_pool_slot_tokens") or 0)
         self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
+        # The measured grid: (lowest, highest) of every axis a step is looked up on.
+        self._bounds = {
+            "tokens": (self._tok_xl[0], self._tok_xl[-1]),
+            "seqs": (self._seq_xl[0], self._seq_xl[-1]),
+            "decode batch": (self._da_b[0], self._da_b[-1]),
+            "decode total context": (self._da_c[0], self._da_c[-1]),
+            "prefill chunk tokens": (self._pa_q[0], self._pa_q[-1]),
+            "prefill cached context": (self._pa_c[0], self._pa_c[-1]),
+        }
+        self._warned_outside = False
 
     def __repr__(self) -> str:
         return f"TableCostModel({self.name!r}, source={self.data.source!r})"
@@ -259,7 +262,73 @@ class TableCostModel:
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         pool = gpu_memory_utilization * self._mem_gib * GIB - self._weights - self._overhead_gib * GIB
+        if self._slot_tokens:
+            # Vidur's planner: whole max-length request slots, each of slot // block blocks
+            # (vidur/scheduler/replica_scheduler/base_replica_scheduler.py, __init__).
+            tokens = max(0, int(pool // self._kv_per_token))
+            return (self._slot_tokens // block_size) * (tokens // self._slot_tokens)
         return max(0, int(pool // (block_size * self._kv_per_token)))
+
+    # -- the measured grid ------------------------------------------------------------------
+    def outside_grid(
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+    ) -> str | None:
+        """The first axis on which this step leaves the profile's grid (its time is then held
+        flat below the grid or extrapolated linearly above it), or None."""
+        seqs = num_decodes + len(prefill_chunks)
+        tokens = num_decodes + sum(q for q, _ in prefill_chunks)
+        values = [("tokens", tokens), ("seqs", seqs)]
+        if num_decodes:
+            values += [("decode batch", num_decodes), ("decode total context", decode_context_tokens)]
+        for q, c in prefill_chunks:
+            values += [("prefill chunk tokens", q), ("prefill cached context", c)]
+        for axis, x in values:
+            lo, hi = self._bounds[axis]
+            if x < lo or x > hi:
+                return f"{axis} {x:g} outside [{lo:g}, {hi:g}]"
+        return None
+
+    def _decode_run_outside(self, batch: int, context0: int, num_steps: int) -> int:
+        for axis in ("tokens", "seqs", "decode batch"):
+            lo, hi = self._bounds[axis]
+            if batch < lo or batch > hi:
+                return num_steps
+        lo, hi = self._bounds["decode total context"]
+        # Step k attends to context0 + k * batch tokens.
+        below = min(num_steps, max(0, -(-(int(lo) - context0) // batch)))
+        inside_to = (hi - context0) // batch  # last k inside from above
+        above = num_steps - max(0, min(num_steps, int(inside_to) + 1)) if inside_to >= 0 else num_steps
+        return min(num_steps, below + above)
+
+    def steps_outside_grid(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]],
+        num_decodes: int,
+        decode_context_tokens: int,
+        num_steps: int = 1,
+    ) -> int:
+        """How many of `num_steps` steps (the first priced as `step_time(prefill_chunks,
+        num_decodes, decode_context_tokens)`, later ones with each decode's context one token
+        longer, as in `decode_run_times`) leave the grid. Warns once per profile."""
+        if not prefill_chunks and not num_decodes:
+            return 0
+        first = self.outside_grid(prefill_chunks, num_decodes, decode_context_tokens)
+        if num_steps <= 1 or prefill_chunks or not num_decodes:
+            count = 1 if first else 0
+        else:
+            count = self._decode_run_outside(num_decodes, decode_context_tokens, num_steps)
+            if count and first is None:
+                last = decode_context_tokens + num_decodes * (num_steps - 1)
+                first = self.outside_grid((), num_decodes, last)
+        if count and not self._warned_outside:
+            self._warned_outside = True
+            warnings.warn(
+                f"profile {self.name}: a step lies outside the profile's grid ({first}); its time is "
+                "extrapolated. Such steps are counted in summary.json as outside_grid_steps.",
+                ProfileGridWarning,
+                stacklevel=2,
+            )
+        return count
 
     # -- conveniences for tools -----------------------------------------------------------
     def components(
@@ -312,17 +381,6 @@ def resolve_profile(name_or_path: str | Path) -> Path:
         f"{_display(candidate)}: unknown profile {str(name_or_path)!r} "
         f"(known: {', '.join(_known_profiles()) or 'none'})"
     )
-
-
-def _number(where: str, key: str, value: Any, *, allow_zero: bool = True) -> float:
-    if isinstance(value, str):  # YAML 1.1 reads `1.0e12` (no exponent sign) as a string
-        with contextlib.suppress(ValueError):
-            value = float(value)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProfileError(f"{where}: field {key!r} must be a finite number, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ProfileError(f"{where}: field {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return float(value)
 
 
 def _check_grid(where: str, axis: str, grid: np.ndarray) -> None:
@@ -417,22 +475,9 @@ def read_profile(name_or_path: str | Path) -> ProfileData:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         at = f" at line {line + 1}" if line is not None else ""
         raise ProfileError(f"{where}: invalid YAML{at}") from None
-    if not isinstance(meta, dict):
-        raise ProfileError(f"{where}: expected a mapping at the top level")
-    for section, keys in REQUIRED.items():
-        if not isinstance(meta.get(section), dict):
-            raise ProfileError(f"{where}: missing field {section!r}")
-        for key in keys:
-            if key not in meta[section] or meta[section][key] is None:
-                raise ProfileError(f"{where}: missing field '{section}.{key}'")
-    for section, key, positive in [
-        ("hardware", "memory_gib", True), ("hardware", "hbm_bandwidth_bytes_s", True),
-        ("hardware", "peak_bf16_flops", True), ("model", "layers", True),
-        ("model", "kv_bytes_per_token", True), ("model", "weight_bytes", False),
-        ("model", "experts", False), ("memory", "non_kv_overhead_gib", False),
-        ("step", "fixed_s", False), ("step", "cpu_per_token_s", False),
-    ]:
-        _number(where, f"{section}.{key}", meta[section][key], allow_zero=not positive)
+    problems = validate_meta(meta)
+    if problems:
+        raise ProfileError(f"{where}: {problems[0]}")
     base = path.parent
     files = {k: base / str(meta["tables"][k]) for k in TABLE_FILES}
     tok = read_vector_table(files["tokens"], "tokens")
@@ -445,6 +490,34 @@ def read_profile(name_or_path: str | Path) -> ProfileData:
         seqs=seq["seqs"], lm_head_s=seq["lm_head_s"], cpu_s=seq["cpu_s"],
         pa_q=pa_q, pa_c=pa_c, pa=pa, da_b=da_b, da_c=da_c, da=da, source=where,
     )
+
+
+def validate_profile(name_or_path: str | Path) -> list[str]:
+    """Every problem with a profile, one line each naming the file (`lmsim profile validate`):
+    the strict schema check of profile.yaml (`lmsim.profile.schema`), then each table."""
+    path = resolve_profile(name_or_path)
+    where = _display(path)
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        return [f"{where}: invalid YAML" + (f" at line {line + 1}" if line is not None else "")]
+    problems = [f"{where}: {p}" for p in validate_meta(meta, strict=True)]
+    tables = meta.get("tables") if isinstance(meta, dict) else None
+    if not isinstance(tables, dict):
+        return problems
+    for kind in TABLE_FILES:
+        if not isinstance(tables.get(kind), str):
+            continue
+        file = path.parent / tables[kind]
+        try:
+            if kind in VECTOR_COLUMNS:
+                read_vector_table(file, kind)
+            else:
+                read_matrix_table(file, kind)
+        except ProfileError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 @functools.lru_cache(maxsize=32)
@@ -478,7 +551,7 @@ def write_profile(data: ProfileData, out_dir: Path) -> Path:
     meta["format"] = FORMAT
     meta["name"] = data.name
     meta["tables"] = dict(TABLE_FILES)
-    ordered = {k: meta[k] for k in ("format", "name", "hardware", "model", "memory", "step", "tables",
+    ordered = {k: meta[k] for k in ("format", "name", "hardware", "parallel", "model", "memory", "step", "tables",
                                      "provenance") if k in meta}
     ordered.update({k: v for k, v in meta.items() if k not in ordered})
     text = yaml.safe_dump(ordered, sort_keys=False, width=100, allow_unicode=True, default_flow_style=None)

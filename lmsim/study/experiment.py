@@ -111,6 +111,10 @@ def shape_workload(
     log: Callable[[str], None] | None = None,
 ) -> Trace:
     w = config.workload
+    if w.max_tokens is not None:
+        from lmsim.workload.clip import clip_to_max_tokens
+
+        trace = clip_to_max_tokens(trace, w.max_tokens)
     if w.start_s is not None or w.end_s is not None:
         from lmsim.workload.scaling import window
 

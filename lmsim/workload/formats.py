@@ -1,6 +1,7 @@
 """Trace loaders: every real trace format lmsim reads, mapped into the canonical `Trace`.
 
-Owns the `FORMATS` registry (`canonical`, `mooncake`, `bailian`, `claude_code`, `azure`)
+Owns the `FORMATS` registry (`canonical`, `mooncake`, `bailian`, `claude_code`, `azure`,
+`vidur`)
 and `load_trace`, which picks a format from the file name or content. Each loader checks
 every row and reports the first bad one as a single line
 `<file>: line <n>: <field> <problem>` (1-based line numbers; for CSV the header is line 1).
@@ -16,6 +17,7 @@ How each format maps in (details in `traces/README.md`):
   session and sub-agent gets a private id range. Sessions are placed on one clock by
   `CLAUDE_CODE_SESSION_STAGGER_S` (see `ClaudeCodeFormat`).
 - azure: CSV of wall-clock timestamps and lengths; no hash ids (empty lists).
+- vidur: Vidur's processed trace CSV (`arrived_at` s, prefill and decode lengths); no hash ids.
 """
 
 from __future__ import annotations
@@ -524,6 +526,32 @@ def _chain(head: list[str], rest: Any) -> Iterator[str]:
     yield from rest
 
 
+def _csv_columns(path: Path, columns: tuple[str, ...]) -> tuple[list[int], int, list[str]]:
+    """Positions of the required `columns` in a CSV header, the header width, and the body
+    lines (line n of the file is body[n - 2])."""
+    _check_file(path)
+    with _open_text(path) as fh:
+        header = fh.readline()
+        body = fh.read().splitlines()
+    names = [h.strip() for h in header.strip().split(",")]
+    for c in columns:
+        if c not in names:
+            raise TraceError(f"{path}: line 1: column {c} is missing from the header")
+    return [names.index(c) for c in columns], len(names), body
+
+
+def _csv_records(body: list[str], width: int, rows: _Rows):
+    """(line number, fields) of every non-blank body line with the header's width."""
+    for k, text in enumerate(body):
+        if not text.strip():
+            continue
+        parts = text.split(",")
+        if len(parts) != width:
+            rows.bad(k + 2, f"row has {len(parts)} fields, header has {width}")
+            continue
+        yield k + 2, parts
+
+
 @FORMATS.register("azure")
 class AzureFormat:
     """Azure LLM inference 2023 CSV: `TIMESTAMP` (datetime, 7 fractional digits),
@@ -534,24 +562,9 @@ class AzureFormat:
     columns = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
     def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
-        _check_file(path)
-        with _open_text(path) as fh:
-            header = fh.readline()
-            body = fh.read().splitlines()
-        names = [h.strip() for h in header.strip().split(",")]
-        for c in self.columns:
-            if c not in names:
-                raise TraceError(f"{path}: line 1: column {c} is missing from the header")
-        ti, ci, gi = (names.index(c) for c in self.columns)
+        (ti, ci, gi), width, body = _csv_columns(path, self.columns)
         rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=False)
-        for k, text in enumerate(body):
-            n = k + 2
-            if not text.strip():
-                continue
-            parts = text.split(",")
-            if len(parts) != len(names):
-                rows.bad(n, f"row has {len(parts)} fields, header has {len(names)}")
-                continue
+        for n, parts in _csv_records(body, width, rows):
             ts = _parse_datetime(parts[ti].strip())
             if ts is None:
                 rows.bad(n, f"TIMESTAMP is not a datetime: {parts[ti].strip()!r}")
@@ -577,6 +590,44 @@ class AzureFormat:
             raise TraceError(f"{path}: no data rows")
         _, trace = rows.finish()
         trace.arrival_s = trace.arrival_s - trace.arrival_s[0]
+        trace.source = str(path)
+        return trace
+
+
+@FORMATS.register("vidur")
+class VidurFormat:
+    """Vidur's processed trace CSV (`data/processed_traces/*.csv` of microsoft/vidur):
+    `arrived_at` (s from the trace start), `num_prefill_tokens`, `num_decode_tokens`. No hash
+    ids. Read as Vidur's trace-replay generator reads it at scale factor 1: lengths are
+    integers and a length of 0 counts as 1 (vidur/request_generator/
+    trace_replay_request_generator.py clips both at 1); clipping prompt + output to a model
+    length is `workload.max_tokens`. Arrival times are kept as they are."""
+
+    block_size = 16
+    columns = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        (ti, pi, di), width, body = _csv_columns(path, self.columns)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=False,
+                     names=("num_prefill_tokens", "num_decode_tokens"))
+        for n, parts in _csv_records(body, width, rows):
+            rec: dict[str, Any] = {}
+            for idx, name in ((ti, "arrived_at"), (pi, "num_prefill_tokens"), (di, "num_decode_tokens")):
+                s = parts[idx].strip()
+                try:
+                    rec[name] = float(s) if s else None
+                except ValueError:
+                    rec[name] = s
+            ts = rows.number(rec, "arrived_at", n)
+            if ts is None:
+                continue
+            prompt = rows.length(rec, "num_prefill_tokens", n)
+            output = None if prompt is None else rows.length(rec, "num_decode_tokens", n)
+            if output is not None:
+                rows.add(n, ts, max(1, prompt), max(1, output), [])
+        if not rows.line:
+            raise TraceError(f"{path}: no data rows")
+        _, trace = rows.finish()
         trace.source = str(path)
         return trace
 
@@ -610,6 +661,8 @@ def infer_format(path: Path) -> str:
     first = head.lstrip().split("\n", 1)[0]
     if first.replace(" ", "").startswith("TIMESTAMP,"):
         return "azure"
+    if first.replace(" ", "").startswith("arrived_at,"):
+        return "vidur"
     keys = set()
     if first.startswith("{"):
         for key in ("chat_id", "hash_id_scope", "requests", "timestamp", "hash_ids"):
