@@ -202,6 +202,7 @@ COMMAND_MODULES = (
     "lmsim.cli.sweep",
     "lmsim.cli.plot",
     "lmsim.cli.report",
+    "lmsim.cli.compare",
     "lmsim.cli.bench",
 )
 
