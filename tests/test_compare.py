@@ -12,8 +12,9 @@ from test_sweep import tiny_experiment, write_experiment
 
 from lmsim.cli import main
 from lmsim.study.execute import run_sweep
+from lmsim.viz.axes import set_scale
 from lmsim.viz.compare import compare, compare_table
-from lmsim.viz.figures import alarming_class, plot_cdf, plot_rate, set_scale, t95
+from lmsim.viz.figures import alarming_class, plot_cdf, plot_rate, t95
 from lmsim.viz.runs import RunSet, differing_keys, flatten, model_words
 from lmsim.viz.style import POLICY_STYLES, policy_style, register_style
 

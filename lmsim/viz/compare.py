@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from lmsim.study.rundir import check_output_dir, write_kind_marker
-from lmsim.viz.figures import FORMATS, save_figure, set_scale
+from lmsim.viz.axes import set_scale
+from lmsim.viz.figures import FORMATS, save_figure
 from lmsim.viz.runs import PlotError, RunSet
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 

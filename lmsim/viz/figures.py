@@ -27,9 +27,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter
 
 from lmsim.study.index import RATE_KEYS
+from lmsim.viz.axes import plain_number as _plain
+from lmsim.viz.axes import set_scale
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
@@ -39,9 +41,6 @@ FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
 __all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
 
-# A panel gets a log axis only when its data spans at least this ratio (1.5 decades);
-# narrower ranges read better, and without "8.3×10⁰" ticks, on a linear axis.
-LOG_SPAN = 30.0
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30; beyond, the normal 1.96).
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
@@ -50,30 +49,6 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 def t95(n: int) -> float:
     return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
-
-
-def _plain(value: float, _pos: Any = None) -> str:
-    """Ticks as plain numbers: 0.5, 20, 500, 10k (never 8.3×10⁰)."""
-    if abs(value) >= 10000:
-        return f"{value / 1000:g}k"
-    return f"{value:g}"
-
-
-def set_scale(ax: Any, axis: str, values: np.ndarray) -> None:
-    """Log scale only where the positive data spans decades; ticks as plain numbers."""
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values) & (values > 0)]
-    setter = ax.set_xscale if axis == "x" else ax.set_yscale
-    target = ax.xaxis if axis == "x" else ax.yaxis
-    if len(values) and values.max() / values.min() >= LOG_SPAN:
-        setter("log")
-        decades = np.log10(values.max() / values.min())
-        target.set_major_locator(LogLocator(base=10, subs=(1.0,) if decades > 2.5 else (1.0, 2.0, 5.0)))
-        target.set_major_formatter(FuncFormatter(_plain))
-        target.set_minor_formatter(NullFormatter())
-    else:
-        setter("linear")
-        target.set_major_formatter(FuncFormatter(_plain))
 
 
 def _finished(requests: pd.DataFrame) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from lmsim.viz.figures import set_scale
+from lmsim.viz.axes import set_scale
 from lmsim.viz.style import policy_style
 
 
