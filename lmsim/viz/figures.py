@@ -344,6 +344,12 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
         raise PlotError(f"{data.root}: no run used lmetric_hotspot or logged hotspot events")
     fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     detector = runs[0]
+    # Only the runs that replay the detector run's workload on its cluster at its load.
+    facet_keys = data.facet_keys()
+    same = data.index
+    for k in facet_keys:
+        value = data.index.loc[data.index["run"] == detector, k].iloc[0]
+        same = same[same[k].astype(str) == str(value)]
     req = data.requests(detector)
     end_s = float(np.nanmax(req["arrived_at"])) if len(req) else 0.0
     ev = data.events(detector)
@@ -375,7 +381,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     panels = ((axes[1], "ttft_s", "mean TTFT (ms)", "(b)"), (axes[2], "tpot_s", "mean TPOT (ms)", "(c)"))
     for a, metric, name, tag in panels:
         plotted = []
-        for label, runs_of in _series(data, data.index):
+        for label, runs_of in _series(data, same):
             for run in runs_of["run"]:
                 done = _finished(data.requests(run))
                 per_min = done.groupby(np.floor(done["arrived_at"] / 60.0))[metric].mean() * 1000.0
@@ -388,7 +394,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     axes[2].set_xlabel("minute of the run")
-    fig.suptitle(data.title(data.index), fontsize=10)
+    fig.suptitle(data.title(same), fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -184,9 +184,11 @@ class RunSet:
     def series_label(self, row: pd.Series) -> str:
         """The policy and every varying router key (the legend names each)."""
         label = str(row.get("policy", row.get("router.policy", "run")))
+        config = self.configs.get(row["run"], {})
         for k in self.varying(self.series_keys()):
-            if k != "router.policy" and k in row and pd.notna(row[k]):
-                label += f", {short_key(k)}={fmt(row[k])}"
+            value = config.get(k, row.get(k))  # the config keeps 2 an int where the index has 2.0
+            if k != "router.policy" and value is not None and not (isinstance(value, float) and np.isnan(value)):
+                label += f", {short_key(k)}={fmt(value)}"
         return label
 
     def policy(self, row: pd.Series) -> str:
