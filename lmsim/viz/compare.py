@@ -47,7 +47,7 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
     """(table, column formats): one row per run, indexed by its distinguishing config
     values; latencies in ms. With `baseline` (a run label or directory), every metric is
     followed by its ratio to the baseline run's value (`÷ base`)."""
-    index = data.index.sort_values("run", kind="stable")
+    index = data.index
     labels = [data.diff_label(row) for _, row in index.iterrows()]
     table = pd.DataFrame(index=pd.Index(labels, name="run"))
     formats: dict[str, str] = {}
@@ -104,7 +104,7 @@ def plot_compare_cdf(data: RunSet) -> plt.Figure:
     metrics = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("e2e_s", "E2E (ms)"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     seen: dict[str, int] = {}
-    for _, row in data.index.sort_values("run").iterrows():
+    for _, row in data.index.iterrows():
         policy = data.policy(row)
         n = seen.get(policy, 0)
         seen[policy] = n + 1

@@ -60,7 +60,7 @@ def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, 
     distinct linestyle for each variant of one policy (e.g. two lambdas)."""
     styles: dict[str, tuple[str, str, Any]] = {}
     variants: dict[str, int] = {}
-    rows = data.index.sort_values("run")
+    rows = data.index
     for _, row in rows.iterrows():
         label = data.series_label(row)
         if label in styles:

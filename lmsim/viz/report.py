@@ -84,7 +84,7 @@ def _drop(config: dict[str, Any], dotted: str) -> None:
 def shared_config(data: RunSet) -> str:
     """The first run's resolved config without the keys that differ between runs (those
     are the table's row labels) nor the fields that only name or place a run."""
-    run = data.index.sort_values("run")["run"].iloc[0]
+    run = data.index["run"].iloc[0]
     path = data.run_dir(run) / "config.yaml"
     if not path.exists():
         return "(no config.yaml saved)"
@@ -97,7 +97,7 @@ def shared_config(data: RunSet) -> str:
 def _table(data: RunSet) -> str:
     table, formats = compare_table(data)
     shown = format_table(table[[c for c in TABLE_COLUMNS if c in table]], formats)
-    offered = data.index.sort_values("run", kind="stable")
+    offered = data.index
     shown.insert(0, "finished", [f"{int(v)}" for v in offered["num_finished"]])
     if "offered_rate_per_s" in offered:
         shown.insert(1, "offered req/s", ["-" if v != v else f"{v:.3f}" for v in offered["offered_rate_per_s"]])

@@ -20,7 +20,7 @@ import yaml
 
 from lmsim.errors import LmsimError
 from lmsim.study.expand import format_value
-from lmsim.study.index import INDEX_FILE, RATE_KEYS, _offered_rate, read_index
+from lmsim.study.index import INDEX_FILE, RATE_KEYS, SPEC_FILE, _offered_rate, read_index
 from lmsim.study.rundir import COMPLETE_MARKER, is_complete
 
 # Config fields that name or place a run, or only check it: they never distinguish results.
@@ -104,6 +104,17 @@ def load_words(config: dict[str, Any]) -> str | None:
     return None
 
 
+def _in_spec_order(root: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """The index rows in the order of the points in `sweep.yaml` (when it lists them)."""
+    try:
+        spec = yaml.safe_load((root / SPEC_FILE).read_text()) or {}
+        order = {p["name"]: i for i, p in enumerate(spec.get("points", []))}
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return frame
+    position = [order.get(r, len(order)) for r in frame["run"]]
+    return frame.assign(_order=position).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
 class RunSet:
     """Read-only access to saved runs: `index` has one row per run (`run` a unique label,
     the distinguishing config keys, every scalar of summary.json, `offered_rate_per_s`);
@@ -121,6 +132,7 @@ class RunSet:
             prefix = "" if len(roots) == 1 else (root.name or str(root)) + "/"
             if (root / INDEX_FILE).exists():
                 frame = read_index(root)
+                frame = _in_spec_order(root, frame)
                 sweep_keys.extend(k for k in frame.attrs.get("sweep_keys", []) if k not in sweep_keys)
                 dirs = [root / r for r in frame["run"]]
                 frame = frame.assign(run=[prefix + r for r in frame["run"]])
@@ -235,6 +247,7 @@ class RunSet:
         if not keys:
             return [(self.title(self.index, exclude), self.index)]
         groups = []
-        for _, frame in self.index.groupby(keys, sort=True, dropna=False):
+        # In the order the experiment lists its points (the seed's panel order), not alphabetical.
+        for _, frame in self.index.groupby(keys, sort=False, dropna=False):
             groups.append((self.title(frame, exclude), frame))
         return groups
