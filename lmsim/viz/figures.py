@@ -363,9 +363,12 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
         pts = pts[pts["x"].notna() & pts["m"].notna()].sort_values("time_s")
         t = pts["time_s"].astype(float) / 60.0
         x, m, n = (pts[c].astype(float) for c in ("x", "m", "num_instances"))
-        ax.plot(t, x / (1 - x), marker="^", color="#d62728", label="class popularity x/x̄")
-        ax.plot(t, m / (n - m), marker="s", color="#1f77b4", label="cache coverage |M|/|M̄|")
+        # Black and grey: these are the class's ratios, not policies (whose colours are fixed).
+        ax.plot(t, x / (1 - x), marker="^", color="black", label="class popularity x/x̄")
+        ax.plot(t, m / (n - m), marker="s", color="grey", ls="--", label="cache coverage |M|/|M̄|")
         windows = _alarm_windows(ev, end_s, cls)
+        for i, (start, _) in enumerate(windows):  # a short alarm is a sliver of shade: mark its onset
+            ax.axvline(start / 60.0, color="darkorange", lw=1.2, label="alarm raised" if i == 0 else None)
         set_scale(ax, "y", np.concatenate([(x / (1 - x)).to_numpy(), (m / (n - m)).to_numpy()]))
         ax.set_title("(a) the class that raised the alarm (shaded: alarm on)", fontsize=9)
         ax.legend(fontsize=7)

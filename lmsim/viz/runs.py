@@ -27,7 +27,7 @@ from lmsim.study.rundir import COMPLETE_MARKER, is_complete
 IGNORED_KEYS = ("name", "description", "output.dir", "output.figures", "simulation.check", "sweep", "zip")
 SEED_KEY = "seed"
 TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
-               "hotspot": "hotspot", "conversation": "Conversation"}  # fmt: skip
+               "hotspot": "Hotspot", "conversation": "Conversation"}  # fmt: skip
 
 
 class PlotError(LmsimError):
