@@ -57,11 +57,11 @@ def _finished(requests: pd.DataFrame) -> pd.DataFrame:
 
 def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, Any]]:
     """Series label -> (colour, marker, linestyle): the policy's colour and marker, and a
-    distinct linestyle for each variant of one policy (e.g. two lambdas)."""
+    distinct linestyle for each variant of one policy drawn in the same panels (`frame`:
+    e.g. two lambdas); one variant per panel (a per-trace tuned lambda) stays solid."""
     styles: dict[str, tuple[str, str, Any]] = {}
     variants: dict[str, int] = {}
-    rows = data.index
-    for _, row in rows.iterrows():
+    for _, row in frame.iterrows():
         label = data.series_label(row)
         if label in styles:
             continue
@@ -127,8 +127,8 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
     facets = data.facets()
     fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
                              squeeze=False)  # fmt: skip
-    styles = _line_style(data, data.index)
     for (title, frame), row_axes in zip(facets, axes):
+        styles = _line_style(data, frame)
         for ax, (metric, name) in zip(row_axes, metrics):
             plotted = []
             for label, runs in _series(data, frame):
@@ -160,8 +160,8 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
     with seeds, the mean over seeds and a 95% confidence band."""
     facets = data.facets(exclude=exclude)
     fig, axes = plt.subplots(len(facets), 4, figsize=(15, 3.0 * len(facets)), squeeze=False)
-    styles = _line_style(data, data.index)
     for (title, frame), row_axes in zip(facets, axes):
+        styles = _line_style(data, frame)
         for ax, (metric, name) in zip(row_axes, _LATENCY_PANELS):
             plotted = []
             for label, lines in _series(data, frame):
@@ -380,7 +380,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
             a.axvspan(s / 60.0, e / 60.0, color="orange", alpha=0.25, lw=0)
     ax.set_ylabel("ratio")
     ax.grid(alpha=0.3)
-    styles = _line_style(data, data.index)
+    styles = _line_style(data, same)
     panels = ((axes[1], "ttft_s", "mean TTFT (ms)", "(b)"), (axes[2], "tpot_s", "mean TPOT (ms)", "(c)"))
     for a, metric, name, tag in panels:
         plotted = []

@@ -64,8 +64,12 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# Short names a reader knows; every other key is shortened to its last component.
+SHORT_NAMES = {"workload.generator.name": "trace", "workload.trace": "trace", "router.policy": "policy"}
+
+
 def short_key(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
+    return SHORT_NAMES.get(key, key.rsplit(".", 1)[-1])
 
 
 def fmt(value: Any) -> str:
