@@ -168,6 +168,12 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
                 grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
                 stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
                 color, marker, ls = styles[label]
+                if not len(stats) and grouped["_y"].notna().any():
+                    # A policy without the plotted parameter: its value as a reference line.
+                    level = float(grouped["_y"].mean())
+                    ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
+                    plotted.append(np.array([level]))
+                    continue
                 ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
                 if (stats["count"] > 1).any():
                     half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
@@ -257,6 +263,9 @@ def _prediction_runs(data: RunSet) -> list[str]:
     return runs
 
 
+ERROR_FLOOR = 1e-4
+
+
 def plot_error(data: RunSet) -> plt.Figure:
     """Seed Figure 16: CDF of |predicted − simulated| / simulated TTFT per run."""
     runs = _prediction_runs(data)
@@ -271,6 +280,9 @@ def plot_error(data: RunSet) -> plt.Figure:
         req = _finished(data.requests(run))
         req = req[req["predicted_ttft_s"].notna() & (req["ttft_s"] > 0)]
         err = np.sort((np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float))
+        # Exact predictions differ by float rounding (1e-16); drawn at the floor, they do not
+        # stretch the axis over twelve empty decades.
+        err = np.maximum(err, ERROR_FLOOR)
         row = rows.loc[run]
         label = data.series_label(row)
         if facets:
@@ -281,7 +293,7 @@ def plot_error(data: RunSet) -> plt.Figure:
                     ls=VARIANT_LINESTYLES[i % len(VARIANT_LINESTYLES)], label=label)  # fmt: skip
             plotted.append(err)
     set_scale(ax, "x", np.concatenate(plotted) if plotted else np.array([]))
-    ax.set_xlabel("|predicted − simulated| / simulated TTFT")
+    ax.set_xlabel(f"|predicted − simulated| / simulated TTFT (below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g})")
     ax.set_ylabel("CDF")
     ax.axvline(0.2, color="grey", lw=0.8, ls="--")
     ax.grid(alpha=0.3)
