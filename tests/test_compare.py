@@ -99,6 +99,10 @@ def test_plot_accepts_several_run_directories(two_runs: tuple[Path, Path], tmp_p
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "<td>policy=vllm</td>" in page and "<td>policy=lmetric</td>" in page
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "r.html")]) == 0  # its own: replaced
+    (tmp_path / "notes.html").write_text("<p>mine</p>")
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "notes.html")]) == 2
+    assert (tmp_path / "notes.html").read_text() == "<p>mine</p>"
 
 
 def test_one_colour_and_marker_per_policy_everywhere(seeded_sweep: Path) -> None:

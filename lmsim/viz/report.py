@@ -123,6 +123,18 @@ def _section(paths: list[Path], title: str) -> str:
     return "\n".join(parts)
 
 
+_HEAD = "<!doctype html><html><head><meta charset='utf-8'><title>lmsim report: "
+
+
+def _is_report(path: Path) -> bool:
+    """A file this module wrote (it replaces only those)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return f.read(len(_HEAD)) == _HEAD
+    except OSError:
+        return False
+
+
 def write_report(
     roots: str | os.PathLike[str] | list[str | os.PathLike[str]], out: str | os.PathLike[str] | None = None
 ) -> Path:
@@ -142,12 +154,12 @@ def write_report(
         sections = [(", ".join(p.name for p in given), given)]
         path = Path(out)
         root = path.resolve().parent
-    if path.exists() and path.name != REPORT_FILE and out is not None:
-        raise ReportError(f"{path}: exists; lmsim writes a new report file only (or DIR/{REPORT_FILE})")
+    if path.exists() and not _is_report(path):
+        raise ReportError(f"{path}: exists and is not an lmsim report; choose another --out")
     body = "\n".join(_section(paths, title) for title, paths in sections)
     meta = provenance()
     toc = "".join(f'<li><a href="#{html.escape(t)}">{html.escape(t)}</a></li>' for t, _ in sections)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>lmsim report: {html.escape(root.name)}</title>"
+    page = (f"{_HEAD}{html.escape(root.name)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>lmsim report: {html.escape(str(root))}</h1>"
             f"<p class='meta'>lmsim {html.escape(meta['lmsim'])} · commit {html.escape(meta['commit'])} · "
             f"{html.escape(meta['date'])}. Latencies in ms; generated from saved results only.</p>"

@@ -219,7 +219,7 @@ class RunSet:
             value = self.configs[row["run"]].get(k)
             if value is not None:
                 parts.append(f"{name}={fmt(value)}")
-        return ", ".join(parts) or str(row["run"])
+        return ", ".join(parts) or self.run_dir(row["run"]).resolve().name
 
     def title(self, frame: pd.DataFrame, exclude: tuple[str, ...] = ()) -> str:
         """A facet's title in words: trace, model, load (unless it is the x axis), and any
