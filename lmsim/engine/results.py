@@ -156,8 +156,8 @@ def _inter_token_latency(finished: pd.DataFrame) -> dict[str, Any]:
     first- and last-token times, not each gap, so request r contributes n_r - 1 gaps of its
     mean gap TPOT_r: the mean is exact (sum of decode spans / sum of gaps); the percentiles
     ignore variation within a request, so they understate the true pooled tail."""
-    gaps = finished["output_tokens"].to_numpy(dtype=float) - 1
-    tpot = finished["tpot_s"].to_numpy(dtype=float)
+    gaps = finished["output_tokens"].to_numpy(dtype=float, na_value=np.nan) - 1
+    tpot = finished["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
     keep = (gaps > 0) & ~np.isnan(tpot)
     gaps, tpot = gaps[keep], tpot[keep]
     if not len(gaps):
@@ -173,15 +173,15 @@ def _throughput_and_goodput(requests: pd.DataFrame, status: np.ndarray, slo: dic
     duration). SLO attainment counts every request that arrived (an unfinished or rejected
     one misses its SLO); a one-token request has no TPOT and meets the TPOT target."""
     done = status == FINISHED
-    arrived = requests["arrived_at"].to_numpy(dtype=float)[status != 0]
-    finished_at = requests["finished_at"].to_numpy(dtype=float)[done]
+    arrived = requests["arrived_at"].to_numpy(dtype=float, na_value=np.nan)[status != 0]
+    finished_at = requests["finished_at"].to_numpy(dtype=float, na_value=np.nan)[done]
     span = float(finished_at.max() - np.nanmin(arrived)) if done.any() and len(arrived) else 0.0
-    ttft = requests["ttft_s"].to_numpy(dtype=float)
-    tpot = requests["tpot_s"].to_numpy(dtype=float)
+    ttft = requests["ttft_s"].to_numpy(dtype=float, na_value=np.nan)
+    tpot = requests["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
     with np.errstate(invalid="ignore"):
         good = done & (ttft <= slo["ttft_s"]) & (np.isnan(tpot) | (tpot <= slo["tpot_s"]))
     num_arrived = int((status != 0).sum())
-    output_tokens = float(requests["output_tokens"].to_numpy(dtype=float)[done].sum())
+    output_tokens = float(requests["output_tokens"].to_numpy(dtype=float, na_value=np.nan)[done].sum())
 
     def rate(amount: float) -> float | None:
         return amount / span if span > 0 else None
@@ -207,7 +207,8 @@ def _load_balance(requests: pd.DataFrame, num_instances: int | None) -> dict[str
     n = num_instances if num_instances is not None else (int(ids.max()) + 1 if len(ids) else 0)
     if not n or not len(ids):
         return {"instance_requests_max_over_mean": None, "instance_tokens_max_over_mean": None}
-    tokens = (requests["input_tokens"].to_numpy(dtype=float) + requests["output_tokens"].to_numpy(dtype=float))[routed]
+    input_tokens = requests["input_tokens"].to_numpy(dtype=float, na_value=np.nan)
+    tokens = (input_tokens + requests["output_tokens"].to_numpy(dtype=float, na_value=np.nan))[routed]
     per_requests = np.bincount(ids, minlength=n)
     per_tokens = np.bincount(ids, weights=tokens, minlength=n)
     return {

@@ -56,7 +56,10 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
         base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
     for key, column, form in metric_columns():
         scale = 1000.0 if column.endswith(" ms") else 1.0
-        values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float) * scale if key in index else np.full(len(index), np.nan)
+        if key in index:
+            values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
+        else:  # a run saved before this metric existed
+            values = np.full(len(index), np.nan)
         table[column] = values
         formats[column] = form
         if base_row is not None:
@@ -112,7 +115,7 @@ def plot_compare_cdf(data: RunSet) -> plt.Figure:
         done = data.requests(row["run"])
         done = done[done["status"].astype(str) == "finished"]
         for ax, (metric, _) in zip(axes, metrics):
-            values = np.sort(done[metric].to_numpy(dtype=float) * 1000.0)
+            values = np.sort(done[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0)
             values = values[~np.isnan(values)]
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=style.color,

@@ -96,7 +96,7 @@ def _cdf_curves(data: RunSet, runs: pd.DataFrame, metric: str) -> tuple[np.ndarr
     of the per-seed quantile curves with a 95% confidence half-width per quantile."""
     curves = []
     for run in runs["run"]:
-        values = _finished(data.requests(run))[metric].to_numpy(dtype=float) * 1000.0
+        values = _finished(data.requests(run))[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0
         values = np.sort(values[~np.isnan(values)])
         if len(values):
             curves.append(values)
@@ -279,7 +279,7 @@ def plot_error(data: RunSet) -> plt.Figure:
     for i, run in enumerate(runs):
         req = _finished(data.requests(run))
         req = req[req["predicted_ttft_s"].notna() & (req["ttft_s"] > 0)]
-        err = np.sort((np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float))
+        err = np.sort((np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float, na_value=np.nan))
         # Exact predictions differ by float rounding (1e-16); drawn at the floor, they do not
         # stretch the axis over twelve empty decades.
         err = np.maximum(err, ERROR_FLOOR)

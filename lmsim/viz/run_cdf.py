@@ -21,7 +21,7 @@ def plot_run_cdf(requests: pd.DataFrame, path: str | os.PathLike[str], *, title:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     color = policy_style(policy).color if policy else "#1f77b4"
     for ax, metric, label in ((axes[0], "ttft_s", "TTFT (ms)"), (axes[1], "tpot_s", "TPOT (ms)")):
-        values = done[metric].to_numpy(dtype=float) * 1000.0
+        values = done[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0
         values = np.sort(values[~np.isnan(values)])
         if len(values):
             ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=color, label=policy or title or "run")
