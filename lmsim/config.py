@@ -123,9 +123,17 @@ class SimulationConfig(_Strict):
     )
 
 
+class SloConfig(_Strict):
+    # Defaults: interactive-chat targets of the kind serving papers quote (DistServe,
+    # Sarathi-Serve use TTFT of seconds and TPOT of ~100 ms); set them per study.
+    ttft_s: float = Field(2.0, gt=0, description="TTFT target (s) for SLO attainment and goodput")
+    tpot_s: float = Field(0.1, gt=0, description="TPOT target (s) for SLO attainment and goodput")
+
+
 class OutputConfig(_Strict):
     dir: str | None = Field(None, description="run directory; default runs/<name>")
     figures: bool = Field(True, description="write the TTFT/TPOT CDF figure")
+    slo: SloConfig = Field(default_factory=SloConfig, description="latency targets for goodput")
 
 
 class CapacityConfig(_Strict):

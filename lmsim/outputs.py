@@ -92,7 +92,10 @@ def is_signed_figure(path: Path) -> bool:
 
 def figure_metadata(fmt: str) -> dict[str, str]:
     """The matplotlib `savefig(metadata=...)` that signs a figure of format `fmt`."""
-    return {"Software": SIGNATURE} if fmt == "png" else {"Creator": SIGNATURE}
+    # No dates: the same results redraw to the same SVG/PDF bytes.
+    if fmt == "png":
+        return {"Software": SIGNATURE}
+    return {"Creator": SIGNATURE, ("Date" if fmt == "svg" else "CreationDate"): None}
 
 
 def save_figure(fig, path: str | os.PathLike[str], **kwargs) -> Path:

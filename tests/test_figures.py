@@ -60,7 +60,7 @@ def test_plot_cli_default_dir_and_pdf(tiny_sweep: Path) -> None:
 def test_single_run_directory_plots_cdf(tiny_sweep: Path, tmp_path: Path) -> None:
     run = tiny_sweep / "router.policy=vllm,workload.rate=2.0"
     assert supported_kinds(SweepData(run)) == ["cdf"]
-    assert [p.name for p in make_figures(run, out=tmp_path)] == ["cdf.png"]
+    assert [p.name for p in make_figures(run, out=tmp_path)] == ["cdf.png", "cdf.svg", "cdf.pdf"]
 
 
 def test_unsupported_kind_is_one_line_error(tmp_path: Path) -> None:

@@ -18,11 +18,13 @@ def test_report_embeds_figures_tables_and_configs(tiny_sweep: Path, tmp_path: Pa
     kinds = supported_kinds(SweepData(tiny_sweep))
     assert page.count("src='data:image/png;base64,") == len(kinds) == 5
     assert "src='http" not in page and "<link" not in page  # nothing external
-    assert page.count("<summary>router.policy=") == 8  # every run's resolved config
-    assert "ttft ms mean" in page and "lmetric_hotspot" in page
+    assert page.count("configuration shared by every run") == 1  # the config once ...
+    assert page.count("<td>policy=") == 8  # ... and each run's differences as its row label
+    assert "TTFT mean ms" in page and "lmetric_hotspot" in page
+    assert "lmsim 0.1.0" in page and " · commit " in page and " UTC." in page
     assert not list(tmp_path.glob(".*tmp*"))
 
 
 def test_report_without_sweeps_fails(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
-    assert "no sweep.parquet here or in a subdirectory" in capsys.readouterr().err
+    assert "no sweep.parquet or run here or in a subdirectory" in capsys.readouterr().err

@@ -252,9 +252,15 @@ def format_summary(name: str, s: dict) -> str:
         f"prefix hit {s['prefix_hit_ratio']:.3f}, sim {s['sim_time_s']:.1f}s, wall {s['wall_time_s']:.2f}s",
         f"{'metric':8} {'mean ms':>9} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}",
     ]
-    for metric in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
+    for metric in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"):
         lines.append(
             f"{metric[:-2]:8} {ms(metric + '_mean')} {ms(metric + '_p50')} {ms(metric + '_p90')} {ms(metric + '_p99')}"
+        )
+    if s.get("request_throughput_per_s") is not None:
+        lines.append(
+            f"throughput {s['request_throughput_per_s']:.3f} req/s, {s['output_token_throughput_per_s']:.1f} output tok/s; "
+            f"SLO (TTFT <= {s['slo_ttft_s']:g} s, TPOT <= {1000 * s['slo_tpot_s']:g} ms) met by "
+            f"{100 * s['slo_attainment']:.1f}%, goodput {s['goodput_per_s']:.3f} req/s"
         )
     lines.append(f"router {s['router_us_per_decision']:.1f} us/decision, {s['num_preemptions']} preemptions")
     return "\n".join(lines)
@@ -312,6 +318,7 @@ COMMAND_MODULES = (
     "lmsim.cli.sweep",
     "lmsim.cli.plot",
     "lmsim.cli.report",
+    "lmsim.cli.compare",
     "lmsim.cli.bench",
 )
 

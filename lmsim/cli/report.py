@@ -1,4 +1,4 @@
-"""`lmsim report`: one self-contained HTML page for a sweep or a directory of sweeps."""
+"""`lmsim report`: one self-contained HTML page for any set of saved runs and sweeps."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from lmsim.viz.report import write_report
 
 
 def cmd_report(args: Any) -> int:
-    print(write_report(args.dir, args.out, overwrite=args.overwrite))
+    print(write_report(args.dir if len(args.dir) > 1 else args.dir[0], args.out, overwrite=args.overwrite))
     return 0
 
 
 def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="write one self-contained report.html from saved results")
-    p.add_argument("dir", help="a sweep directory, or a directory of sweep directories")
-    p.add_argument("--out", help="output file (default: DIR/report.html)")
+    p.add_argument("dir", nargs="+", help="a directory of sweeps, a sweep, a run, or several runs/sweeps")
+    p.add_argument("--out", help="output file (default: DIR/report.html; required with several DIRs)")
     add_overwrite_option(p, "file lmsim did not write")
     p.set_defaults(func=cmd_report)
-

@@ -98,7 +98,9 @@ class Results:
                 "total_tokens",
             ],
         )
-        summary = summarize(requests, rec.status)
+        summary = summarize(
+            requests, rec.status, slo=sim.config.output.slo.model_dump(), num_instances=len(sim.instances)
+        )
         summary["num_output_clipped"] = rec.num_output_clipped
         summary["max_model_len"] = sim.max_model_len
         summary.update(
@@ -121,7 +123,16 @@ class Results:
         return cls(requests, instances, events, summary, sim.config.to_dict())
 
 
-def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
+def summarize(
+    requests: pd.DataFrame,
+    status: np.ndarray,
+    *,
+    slo: dict[str, float] | None = None,
+    num_instances: int | None = None,
+) -> dict[str, Any]:
+    """The run's summary (README "Metric glossary" gives every formula). `slo` holds the
+    `ttft_s`/`tpot_s` targets (default: the config's, 2 s and 100 ms); `num_instances`
+    counts idle instances in the load balance (default: the highest routed id + 1)."""
     finished = requests[status == FINISHED]
     summary: dict[str, Any] = {
         "num_requests": len(requests),
@@ -146,6 +157,7 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
             }
         for key in ("mean", "p50", "p90", "p99"):
             summary[f"{metric}_{key}"] = stats.get(key)
+    summary.update(_inter_token_latency(finished))
     cached = requests["cached_tokens"]
     admitted = cached.notna().to_numpy()
     input_total = requests["input_tokens"].to_numpy()[admitted].sum()
@@ -162,4 +174,83 @@ def summarize(requests: pd.DataFrame, status: np.ndarray) -> dict[str, Any]:
         summary["prefix_hit_ratio"] = float(hits / looked) if looked else 0.0
     else:
         summary["prefix_hit_ratio"] = first
+    summary.update(_throughput_and_goodput(requests, status, slo or {"ttft_s": 2.0, "tpot_s": 0.1}))
+    summary.update(_load_balance(requests, num_instances))
     return summary
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The smallest value whose cumulative weight reaches q% of the total: the percentile of
+    the pooled population in which each value occurs `weight` times (inverted CDF, no
+    interpolation)."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    rank = np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left")
+    return float(values[order][min(rank, len(values) - 1)])
+
+
+def _inter_token_latency(finished: pd.DataFrame) -> dict[str, Any]:
+    """ITL pooled over tokens, as vLLM's benchmark_serving reports it (every gap between
+    consecutive output tokens of every request, pooled). The engine records a request's
+    first- and last-token times, not each gap, so request r contributes n_r - 1 gaps of its
+    mean gap TPOT_r: the mean is exact (sum of decode spans / sum of gaps); the percentiles
+    ignore variation within a request, so they understate the true pooled tail."""
+    gaps = finished["output_tokens"].to_numpy(dtype=float, na_value=np.nan) - 1
+    tpot = finished["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
+    keep = (gaps > 0) & ~np.isnan(tpot)
+    gaps, tpot = gaps[keep], tpot[keep]
+    if not len(gaps):
+        return {f"itl_s_{k}": None for k in ("mean", "p50", "p90", "p99")}
+    out: dict[str, Any] = {"itl_s_mean": float((tpot * gaps).sum() / gaps.sum())}
+    for q in (50, 90, 99):
+        out[f"itl_s_p{q}"] = weighted_percentile(tpot, gaps, q)
+    return out
+
+
+def _throughput_and_goodput(requests: pd.DataFrame, status: np.ndarray, slo: dict[str, float]) -> dict[str, Any]:
+    """Rates over the serving span: first arrival to last finish (vLLM's benchmark
+    duration). SLO attainment counts every request that arrived (an unfinished or rejected
+    one misses its SLO); a one-token request has no TPOT and meets the TPOT target."""
+    done = status == FINISHED
+    arrived = requests["arrived_at"].to_numpy(dtype=float, na_value=np.nan)[status != 0]
+    finished_at = requests["finished_at"].to_numpy(dtype=float, na_value=np.nan)[done]
+    span = float(finished_at.max() - np.nanmin(arrived)) if done.any() and len(arrived) else 0.0
+    ttft = requests["ttft_s"].to_numpy(dtype=float, na_value=np.nan)
+    tpot = requests["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        good = done & (ttft <= slo["ttft_s"]) & (np.isnan(tpot) | (tpot <= slo["tpot_s"]))
+    num_arrived = int((status != 0).sum())
+    output_tokens = float(requests["output_tokens"].to_numpy(dtype=float, na_value=np.nan)[done].sum())
+
+    def rate(amount: float) -> float | None:
+        return amount / span if span > 0 else None
+
+    return {
+        "duration_s": span,
+        "request_throughput_per_s": rate(float(done.sum())),
+        "output_token_throughput_per_s": rate(output_tokens),
+        "slo_ttft_s": float(slo["ttft_s"]),
+        "slo_tpot_s": float(slo["tpot_s"]),
+        "slo_attainment": float(good.sum() / num_arrived) if num_arrived else None,
+        "goodput_per_s": rate(float(good.sum())),
+    }
+
+
+def _load_balance(requests: pd.DataFrame, num_instances: int | None) -> dict[str, Any]:
+    """max/mean over instances (idle ones included) of the requests routed to each and of
+    their tokens (input + output): 1.0 is perfect balance."""
+    instance = requests["instance_id"].to_numpy()
+    routed = ~pd.isna(instance)
+    routed &= np.where(routed, instance, -1).astype(float) >= 0
+    ids = instance[routed].astype(np.int64)
+    n = num_instances if num_instances is not None else (int(ids.max()) + 1 if len(ids) else 0)
+    if not n or not len(ids):
+        return {"instance_requests_max_over_mean": None, "instance_tokens_max_over_mean": None}
+    input_tokens = requests["input_tokens"].to_numpy(dtype=float, na_value=np.nan)
+    tokens = (input_tokens + requests["output_tokens"].to_numpy(dtype=float, na_value=np.nan))[routed]
+    per_requests = np.bincount(ids, minlength=n)
+    per_tokens = np.bincount(ids, weights=tokens, minlength=n)
+    return {
+        "instance_requests_max_over_mean": float(per_requests.max() / per_requests.mean()),
+        "instance_tokens_max_over_mean": float(per_tokens.max() / per_tokens.mean()),
+    }

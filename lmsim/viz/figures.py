@@ -16,7 +16,6 @@ other swept key: one row of panels per combination).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,164 +27,178 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
+from matplotlib.ticker import FuncFormatter
 
-from lmsim.errors import LmsimError
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
-from lmsim.study.expand import format_value
-from lmsim.study.index import INDEX_FILE, RATE_KEYS, read_index
-from lmsim.study.rundir import COMPLETE_MARKER, is_complete
+from lmsim.study.index import RATE_KEYS
+from lmsim.viz.axes import plain_number as _plain
+from lmsim.viz.axes import set_scale
+from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, short_key
+from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot")
 FORMATS = ("png", "svg", "pdf")
 FIGURES_DIR = "figures"
+SweepData = RunSet  # the name earlier callers use
+__all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
+
+# Two-sided 95% Student-t quantiles by degrees of freedom (1..30; beyond, the normal 1.96).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
-class PlotError(LmsimError):
-    """The results cannot support the requested figure."""
-
-
-def _short(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
-
-
-class SweepData:
-    """Read-only access to a sweep (or single run) directory, with per-run caches."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        if (self.root / INDEX_FILE).exists():
-            self.index = read_index(self.root)
-            self.keys: list[str] = list(self.index.attrs.get("sweep_keys", []))
-        elif is_complete(self.root):
-            summary = json.loads((self.root / COMPLETE_MARKER).read_text())
-            row = {"run": "."}
-            row.update({k: v for k, v in summary.items() if v is None or isinstance(v, (int, float, str))})
-            self.index = pd.DataFrame([row])
-            self.keys = []
-        else:
-            raise PlotError(f"{self.root}: neither a sweep directory (sweep.parquet) nor a complete run")
-        if not len(self.index):
-            raise PlotError(f"{self.root}: the sweep has no complete runs")
-        self._requests: dict[str, pd.DataFrame] = {}
-        self._events: dict[str, pd.DataFrame] = {}
-
-    def run_dir(self, run: str) -> Path:
-        return self.root if run == "." else self.root / run
-
-    def requests(self, run: str) -> pd.DataFrame:
-        if run not in self._requests:
-            self._requests[run] = pq.read_table(self.run_dir(run) / "requests.parquet").to_pandas()
-        return self._requests[run]
-
-    def events(self, run: str) -> pd.DataFrame:
-        if run not in self._events:
-            path = self.run_dir(run) / "router_events.parquet"
-            self._events[run] = pq.read_table(path).to_pandas() if path.exists() else pd.DataFrame()
-        return self._events[run]
-
-    # -- labels ---------------------------------------------------------------------------
-
-    def varying(self, keys: list[str]) -> list[str]:
-        return [k for k in keys if k in self.index and self.index[k].astype(str).nunique() > 1]
-
-    def series_keys(self) -> list[str]:
-        return [k for k in self.keys if k.startswith("router.")]
-
-    def facet_keys(self, exclude: tuple[str, ...] = ()) -> list[str]:
-        return self.varying([k for k in self.keys if not k.startswith("router.") and k not in exclude])
-
-    def series_label(self, row: pd.Series) -> str:
-        label = str(row.get("policy", "run"))
-        for k in self.series_keys():
-            if k != "router.policy" and k in row and pd.notna(row[k]):
-                label += f" {_short(k)}={_fmt(row[k])}"
-        return label
-
-    def facets(self, exclude: tuple[str, ...] = ()) -> list[tuple[str, pd.DataFrame]]:
-        keys = self.facet_keys(exclude)
-        if not keys:
-            return [("", self.index)]
-        groups = []
-        for values, frame in self.index.groupby(keys, sort=True, dropna=False):
-            values = values if isinstance(values, tuple) else (values,)
-            groups.append((" · ".join(_fmt(v) for v in values), frame))
-        return groups
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        return repr(value)
-    return format_value(value)
+def t95(n: int) -> float:
+    return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
 
 
 def _finished(requests: pd.DataFrame) -> pd.DataFrame:
     return requests[requests["status"].astype(str) == "finished"]
 
 
-def _cdf(ax: Any, values: np.ndarray, label: str) -> None:
-    values = np.sort(values[~np.isnan(values)])
-    if len(values):
-        ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label)
+def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, Any]]:
+    """Series label -> (colour, marker, linestyle): the policy's colour and marker, and a
+    distinct linestyle for each variant of one policy drawn in the same panels (`frame`:
+    e.g. two lambdas); one variant per panel (a per-trace tuned lambda) stays solid."""
+    styles: dict[str, tuple[str, str, Any]] = {}
+    variants: dict[str, int] = {}
+    for _, row in frame.iterrows():
+        label = data.series_label(row)
+        if label in styles:
+            continue
+        policy = data.policy(row)
+        n = variants.get(policy, 0)
+        variants[policy] = n + 1
+        style = policy_style(policy)
+        styles[label] = (style.color, style.marker, VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)])
+    return styles
+
+
+def _series(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(label, runs) per series, in the policy registry's order so legends line up."""
+    from lmsim.viz.style import POLICY_STYLES
+
+    frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
+    order = list(POLICY_STYLES)
+    groups = list(frame.groupby("_series", sort=True))
+
+    def rank(item: tuple[str, pd.DataFrame]) -> tuple[int, str]:
+        policy = data.policy(item[1].iloc[0])
+        return (order.index(policy) if policy in order else len(order), item[0])
+
+    return sorted(groups, key=rank)
+
+
+QUANTILES = np.linspace(0.0, 1.0, 201)
+
+
+def _cdf_curves(data: RunSet, runs: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(x, y, half-width or None): the empirical CDF of one run in ms, or over seeds the mean
+    of the per-seed quantile curves with a 95% confidence half-width per quantile."""
+    curves = []
+    for run in runs["run"]:
+        values = _finished(data.requests(run))[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0
+        values = np.sort(values[~np.isnan(values)])
+        if len(values):
+            curves.append(values)
+    if not curves:
+        return np.array([]), np.array([]), None
+    if len(curves) == 1:
+        v = curves[0]
+        return v, np.arange(1, len(v) + 1) / len(v), None
+    q = np.array([np.quantile(v, QUANTILES) for v in curves])
+    half = t95(len(curves)) * q.std(axis=0, ddof=1) / np.sqrt(len(curves))
+    return q.mean(axis=0), QUANTILES, half
 
 
 # -- kinds -------------------------------------------------------------------------------
 
+_CDF_METRICS = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"))
 
-def plot_cdf(data: SweepData) -> plt.Figure:
-    """Seed Figure 22: TTFT and TPOT CDFs, one line per policy, one row per workload."""
-    facets = data.facets(exclude=RATE_KEYS) if len(data.varying(list(RATE_KEYS))) <= 1 else data.facets()
-    fig, axes = plt.subplots(len(facets), 2, figsize=(10, 3.2 * len(facets)), squeeze=False)
+
+def _legend(ax: Any, data: RunSet, **kw: Any) -> None:
+    title = "mean of seeds, 95% CI" if data.has_seeds() else None
+    ax.legend(fontsize=7, title=title, title_fontsize=7, **kw)
+
+
+def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) -> plt.Figure:
+    """Seed Figure 22: one row per trace/cluster/load, TTFT and TPOT CDFs side by side, one
+    line per policy (its fixed colour), in ms. Every non-router key that varies is a row,
+    so no two lines share a label."""
+    facets = data.facets()
+    fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
+                             squeeze=False)  # fmt: skip
     for (title, frame), row_axes in zip(facets, axes):
-        for _, row in frame.sort_values("run").iterrows():
-            done = _finished(data.requests(row["run"]))
-            label = data.series_label(row)
-            for ax, metric in zip(row_axes, ("ttft_s", "tpot_s")):
-                _cdf(ax, done[metric].to_numpy(dtype=float), label)
-        for ax, name in zip(row_axes, ("TTFT (s)", "TPOT (s)")):
-            ax.set_xscale("log")
+        styles = _line_style(data, frame)
+        for ax, (metric, name) in zip(row_axes, metrics):
+            plotted = []
+            for label, runs in _series(data, frame):
+                x, y, half = _cdf_curves(data, runs, metric)
+                if not len(x):
+                    continue
+                color, _, ls = styles[label]
+                ax.plot(x, y, color=color, ls=ls, lw=1.4, label=label)
+                if half is not None:
+                    ax.fill_betweenx(y, np.maximum(x - half, 0.0), x + half, color=color, alpha=0.2, lw=0)
+                plotted.append(x)
+            set_scale(ax, "x", np.concatenate(plotted) if plotted else np.array([]))
             ax.set_xlabel(name)
             ax.set_ylabel("CDF")
+            ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
-            if title:
-                ax.set_title(title, fontsize=9)
-        row_axes[1].legend(fontsize=7, loc="lower right")
+            ax.set_title(title, fontsize=9)
+        _legend(row_axes[-1], data, loc="lower right")
     fig.tight_layout()
     return fig
 
 
-_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT (s)"), ("ttft_s_p99", "P99 TTFT (s)"),
-                   ("tpot_s_mean", "mean TPOT (s)"), ("tpot_s_p99", "P99 TPOT (s)"))  # fmt: skip
+_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
+                   ("tpot_s_mean", "mean TPOT (ms)"), ("tpot_s_p99", "P99 TPOT (ms)"))  # fmt: skip
 
 
-def _lines_vs(data: SweepData, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
+def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
+    """Seed Figure 23's layout: one row per trace, mean and P99 TTFT and TPOT against x;
+    with seeds, the mean over seeds and a 95% confidence band."""
     facets = data.facets(exclude=exclude)
     fig, axes = plt.subplots(len(facets), 4, figsize=(15, 3.0 * len(facets)), squeeze=False)
     for (title, frame), row_axes in zip(facets, axes):
-        frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
-        for label, lines in frame.groupby("_series", sort=True):
-            lines = lines.sort_values(x_key)
-            for ax, (metric, _) in zip(row_axes, _LATENCY_PANELS):
-                ax.plot(lines[x_key].astype(float), lines[metric].astype(float), marker="o", ms=3, label=label)
-        for ax, (_, name) in zip(row_axes, _LATENCY_PANELS):
+        styles = _line_style(data, frame)
+        for ax, (metric, name) in zip(row_axes, _LATENCY_PANELS):
+            plotted = []
+            for label, lines in _series(data, frame):
+                grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
+                stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
+                color, marker, ls = styles[label]
+                if not len(stats) and grouped["_y"].notna().any():
+                    # A policy without the plotted parameter: its value as a reference line.
+                    level = float(grouped["_y"].mean())
+                    ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
+                    plotted.append(np.array([level]))
+                    continue
+                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+                if (stats["count"] > 1).any():
+                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
+                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
+                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
+                                    color=color, alpha=0.2, lw=0)  # fmt: skip
+                plotted.append(stats["mean"].to_numpy())
+            set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
             ax.set_ylabel(name)
-            ax.set_yscale("log")
             ax.grid(alpha=0.3)
-            if title:
-                ax.set_title(title, fontsize=9)
-        row_axes[-1].legend(fontsize=7)
+            ax.set_title(title, fontsize=9)
+        _legend(row_axes[-1], data)
     fig.tight_layout()
     return fig
 
 
-def _free(data: SweepData, key: str) -> bool:
-    """True when `key` takes two or more values for some fixed setting of the other swept
+def _free(data: RunSet, key: str) -> bool:
+    """True when `key` takes two or more values for some fixed setting of the other
     workload/cluster keys, i.e. it is an axis of its own and not, say, a per-trace rate
     zipped with the trace name."""
-    others = [o for o in data.varying(data.keys) if o != key and not o.startswith("router.") and o not in RATE_KEYS]
+    others = [o for o in data.varying(data.keys)
+              if o != key and not o.startswith("router.") and o not in RATE_KEYS and o != SEED_KEY]  # fmt: skip
     if key not in data.index:
         return False
     if not others:
@@ -193,7 +206,11 @@ def _free(data: SweepData, key: str) -> bool:
     return bool((data.index.groupby(others, dropna=False)[key].agg(lambda c: c.astype(str).nunique()) > 1).any())
 
 
-def rate_key(data: SweepData) -> str:
+_RATE_LABELS = {"workload.load": "load (fraction of capacity)", "workload.rate": "arrival rate (req/s)",
+                "workload.time_scale": "time scale", "workload.generator.params.rate": "arrival rate (req/s)"}  # fmt: skip
+
+
+def rate_key(data: RunSet) -> str:
     swept = [k for k in RATE_KEYS if k in data.keys and _free(data, k)]
     if not swept:
         raise PlotError(
@@ -203,14 +220,13 @@ def rate_key(data: SweepData) -> str:
     return swept[0]
 
 
-def plot_rate(data: SweepData) -> plt.Figure:
-    """Seed Figures 23 and 26: mean and P99 TTFT/TPOT vs the arrival rate. The x axis is
-    the swept rate key (a fraction of capacity for workload.load / time_scale)."""
+def plot_rate(data: RunSet) -> plt.Figure:
+    """Seed Figures 23 and 26: mean and P99 TTFT/TPOT vs the arrival rate or load."""
     key = rate_key(data)
-    return _lines_vs(data, key, _short(key) if key != "workload.rate" else "arrival rate (req/s)", (key,))
+    return _lines_vs(data, key, _RATE_LABELS[key], (key,))
 
 
-def param_key(data: SweepData, param: str | None = None) -> str:
+def param_key(data: RunSet, param: str | None = None) -> str:
     if param is not None:
         if param not in data.keys or not data.varying([param]):
             raise PlotError(f"{data.root}: --param {param!r} is not a swept key with two or more values")
@@ -218,7 +234,7 @@ def param_key(data: SweepData, param: str | None = None) -> str:
     # Policy parameters first: they are what Figures 11 and 12 tune.
     candidates = sorted(data.varying(data.keys), key=lambda k: not k.startswith("router."))
     for k in candidates:
-        if k == "router.policy" or k in RATE_KEYS:
+        if k in ("router.policy", SEED_KEY) or k in RATE_KEYS:
             continue
         values = data.index[k].dropna()
         if pd.api.types.is_numeric_dtype(values) and values.nunique() > 1 and _free(data, k):
@@ -227,19 +243,19 @@ def param_key(data: SweepData, param: str | None = None) -> str:
                     "with at least two values")  # fmt: skip
 
 
-def plot_param(data: SweepData, param: str | None = None) -> plt.Figure:
+def plot_param(data: RunSet, param: str | None = None) -> plt.Figure:
     """Seed Figures 11 and 12: latency vs one swept hyperparameter, one row per workload."""
     key = param_key(data, param)
     saved = data.keys
     # The plotted key is the x axis, not a series: label lines by the other router keys.
     data.keys = [k for k in saved if k != key]
     try:
-        return _lines_vs(data, key, _short(key), (key,))
+        return _lines_vs(data, key, short_key(key), (key,))
     finally:
         data.keys = saved
 
 
-def _prediction_runs(data: SweepData) -> list[str]:
+def _prediction_runs(data: RunSet) -> list[str]:
     runs = []
     for run in sorted(data.index["run"]):
         req = data.requests(run)
@@ -248,26 +264,37 @@ def _prediction_runs(data: SweepData) -> list[str]:
     return runs
 
 
-def plot_error(data: SweepData) -> plt.Figure:
+ERROR_FLOOR = 1e-4
+
+
+def plot_error(data: RunSet) -> plt.Figure:
     """Seed Figure 16: CDF of |predicted − simulated| / simulated TTFT per run."""
     runs = _prediction_runs(data)
     if not runs:
         raise PlotError(f"{data.root}: no run logged predicted TTFTs (predicted_ttft_s); "
                         "the error plot needs the llmd policy")  # fmt: skip
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    rows = data.index.set_index("run")
-    facet_keys = data.facet_keys()
-    for run in runs:
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    rows = data.index.set_index("run", drop=False)
+    facets = data.facet_keys()
+    plotted = []
+    for i, run in enumerate(runs):
         req = _finished(data.requests(run))
         req = req[req["predicted_ttft_s"].notna() & (req["ttft_s"] > 0)]
-        err = (np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float)
+        err = np.sort((np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float, na_value=np.nan))
+        # Exact predictions differ by float rounding (1e-16); drawn at the floor, they do not
+        # stretch the axis over twelve empty decades.
+        err = np.maximum(err, ERROR_FLOOR)
         row = rows.loc[run]
         label = data.series_label(row)
-        if facet_keys:
-            label += " · " + " · ".join(_fmt(row[k]) for k in facet_keys)
-        _cdf(ax, err, label)
-    ax.set_xscale("log")
-    ax.set_xlabel("|predicted − simulated| / simulated TTFT")
+        if facets:
+            label += " · " + data.title(data.index[data.index["run"] == run])
+        style = policy_style(data.policy(row))
+        if len(err):
+            ax.plot(err, np.arange(1, len(err) + 1) / len(err), color=style.color,
+                    ls=VARIANT_LINESTYLES[i % len(VARIANT_LINESTYLES)], label=label)  # fmt: skip
+            plotted.append(err)
+    set_scale(ax, "x", np.concatenate(plotted) if plotted else np.array([]))
+    ax.set_xlabel(f"|predicted − simulated| / simulated TTFT (below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g})")
     ax.set_ylabel("CDF")
     ax.axvline(0.2, color="grey", lw=0.8, ls="--")
     ax.grid(alpha=0.3)
@@ -276,21 +303,23 @@ def plot_error(data: SweepData) -> plt.Figure:
     return fig
 
 
-def _hotspot_runs(data: SweepData) -> list[str]:
+def _hotspot_runs(data: RunSet) -> list[str]:
     runs = []
     for _, row in data.index.iterrows():
         ev = data.events(row["run"])
         kinds = set(ev["kind"]) if "kind" in ev else set()
-        if row.get("policy") == "lmetric_hotspot" or kinds & {"hotspot_alarm", "hotspot_clear", "hotspot_window"}:
+        if data.policy(row) == "lmetric_hotspot" or kinds & {"hotspot_alarm", "hotspot_clear", "hotspot_window"}:
             runs.append(row["run"])
     return sorted(runs)
 
 
-def _alarm_windows(events: pd.DataFrame, end_s: float) -> list[tuple[float, float]]:
-    """(start, end) of each period with at least one class alarmed."""
+def _alarm_windows(events: pd.DataFrame, end_s: float, class_id: Any = None) -> list[tuple[float, float]]:
+    """(start, end) of each period with at least one class alarmed (or `class_id` alarmed)."""
     if "kind" not in events:
         return []
     ev = events[events["kind"].isin(["hotspot_alarm", "hotspot_clear"])].sort_values("time_s", kind="stable")
+    if class_id is not None:
+        ev = ev[ev["class_id"] == class_id]
     active: set[Any] = set()
     windows, start = [], None
     for _, e in ev.iterrows():
@@ -308,59 +337,80 @@ def _alarm_windows(events: pd.DataFrame, end_s: float) -> list[tuple[float, floa
     return windows
 
 
-def plot_hotspot(data: SweepData) -> plt.Figure:
-    """Seed Figure 21. (a) per minute: x/x̄ of each trace class (class_id >= 0, from the
-    arrivals) and, where the detector logged them, x/x̄ and |M|/|M̄| of the alarming class
-    (`hotspot_window` events per window if present, else the values at each alarm onset and
-    clear); alarm windows shaded. (b, c) per-minute mean TTFT and TPOT by arrival minute."""
+def alarming_class(events: pd.DataFrame) -> Any:
+    """The detector class that alarmed most often (ties: the earliest); None without alarms."""
+    if "kind" not in events:
+        return None
+    alarms = events[events["kind"] == "hotspot_alarm"]
+    if not len(alarms):
+        return None
+    counts = alarms.groupby("class_id", sort=False)["time_s"].agg(["count", "min"])
+    return counts.sort_values(["count", "min"], ascending=[False, True]).index[0]
+
+
+def plot_hotspot(data: RunSet) -> plt.Figure:
+    """Seed Figure 21. (a) for the class that raised the alarm: its popularity x/x̄ and its
+    cache coverage |M|/|M̄| per detector window (`hotspot_window` events), alarm windows
+    shaded; (b, c) per-minute mean TTFT and TPOT (ms) by arrival minute, per policy."""
     runs = _hotspot_runs(data)
     if not runs:
         raise PlotError(f"{data.root}: no run used lmetric_hotspot or logged hotspot events")
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     detector = runs[0]
+    # Only the runs that replay the detector run's workload on its cluster at its load.
+    facet_keys = data.facet_keys()
+    same = data.index
+    for k in facet_keys:
+        value = data.index.loc[data.index["run"] == detector, k].iloc[0]
+        same = same[same[k].astype(str) == str(value)]
     req = data.requests(detector)
     end_s = float(np.nanmax(req["arrived_at"])) if len(req) else 0.0
-    ax = axes[0]
-    minute = np.floor(req["arrived_at"].to_numpy(dtype=float) / 60.0)
-    valid = ~np.isnan(minute)
-    classes = req["class_id"].to_numpy(dtype=float, na_value=np.nan)
-    counts = pd.Series(minute[valid]).value_counts().sort_index()
-    for cls in sorted({int(c) for c in classes[valid] if pd.notna(c) and c >= 0}):
-        share = pd.Series(minute[valid & (classes == cls)]).value_counts().reindex(counts.index, fill_value=0) / counts
-        ratio = share / (1 - share).replace(0, np.nan)
-        ax.plot(counts.index + 0.5, ratio, marker="o", ms=3, label=f"x/x̄ trace class {cls}")
     ev = data.events(detector)
-    kinds = set(ev["kind"]) if "kind" in ev else set()
-    source = "hotspot_window" if "hotspot_window" in kinds else "hotspot_alarm"
-    pts = ev[ev["kind"] == source] if "kind" in ev else ev
-    pts = pts[pts["x"].notna() & pts["m"].notna()] if len(pts) else pts
-    if len(pts):
+    cls = alarming_class(ev)
+    ax = axes[0]
+    windows: list[tuple[float, float]] = []
+    if cls is not None:
+        pts = ev[(ev["kind"] == "hotspot_window") & (ev["class_id"] == cls)]
+        if not len(pts):  # an older run without per-window logs: the alarm onsets
+            pts = ev[(ev["kind"] == "hotspot_alarm") & (ev["class_id"] == cls)]
+        pts = pts[pts["x"].notna() & pts["m"].notna()].sort_values("time_s")
         t = pts["time_s"].astype(float) / 60.0
-        x = pts["x"].astype(float)
-        m = pts["m"].astype(float)
-        n = pts["num_instances"].astype(float)
-        ax.scatter(t, x / (1 - x), marker="^", color="C3", label=f"x/x̄ detector ({source})", zorder=3)
-        ax.scatter(t, m / (n - m), marker="s", color="C2", label=f"|M|/|M̄| detector ({source})", zorder=3)
+        x, m, n = (pts[c].astype(float) for c in ("x", "m", "num_instances"))
+        # Black and grey: these are the class's ratios, not policies (whose colours are fixed).
+        ax.plot(t, x / (1 - x), marker="^", color="black", label="class popularity x/x̄")
+        ax.plot(t, m / (n - m), marker="s", color="grey", ls="--", label="cache coverage |M|/|M̄|")
+        windows = _alarm_windows(ev, end_s, cls)
+        for i, (start, _) in enumerate(windows):  # a short alarm is a sliver of shade: mark its onset
+            ax.axvline(start / 60.0, color="darkorange", lw=1.2, label="alarm raised" if i == 0 else None)
+        set_scale(ax, "y", np.concatenate([(x / (1 - x)).to_numpy(), (m / (n - m)).to_numpy()]))
+        ax.set_title("(a) the class that raised the alarm (shaded: alarm on)", fontsize=9)
+        ax.legend(fontsize=7)
     else:
-        ax.text(0.01, 0.9, "no hotspot alarm raised", transform=ax.transAxes, fontsize=8)
-    windows = _alarm_windows(ev, end_s)
+        ax.text(0.02, 0.5, "the detector raised no alarm", transform=ax.transAxes, fontsize=9)
+        ax.set_title("(a) hotspot ratios of the alarming class", fontsize=9)
     for a in axes:
         for s, e in windows:
-            a.axvspan(s / 60.0, e / 60.0, color="orange", alpha=0.2, lw=0)
-    ax.set_yscale("symlog", linthresh=0.1)
+            a.axvspan(s / 60.0, e / 60.0, color="orange", alpha=0.25, lw=0)
     ax.set_ylabel("ratio")
-    ax.set_title(f"(a) hotspot ratios, detector run {detector}", fontsize=9)
-    ax.legend(fontsize=7)
-    for a, metric, name in ((axes[1], "ttft_s", "(b) mean TTFT (s)"), (axes[2], "tpot_s", "(c) mean TPOT (s)")):
-        for _, row in data.index.sort_values("run").iterrows():
-            done = _finished(data.requests(row["run"]))
-            per_min = done.groupby(np.floor(done["arrived_at"] / 60.0))[metric].mean()
-            a.plot(per_min.index + 0.5, per_min.to_numpy(), marker="o", ms=3, label=data.series_label(row))
+    ax.grid(alpha=0.3)
+    styles = _line_style(data, same)
+    panels = ((axes[1], "ttft_s", "mean TTFT (ms)", "(b)"), (axes[2], "tpot_s", "mean TPOT (ms)", "(c)"))
+    for a, metric, name, tag in panels:
+        plotted = []
+        for label, runs_of in _series(data, same):
+            for run in runs_of["run"]:
+                done = _finished(data.requests(run))
+                per_min = done.groupby(np.floor(done["arrived_at"] / 60.0))[metric].mean() * 1000.0
+                color, marker, ls = styles[label]
+                a.plot(per_min.index + 0.5, per_min.to_numpy(), color=color, marker=marker, ls=ls, ms=3, label=label)
+                plotted.append(per_min.to_numpy())
+        set_scale(a, "y", np.concatenate(plotted) if plotted else np.array([]))
         a.set_ylabel(name)
-        a.set_yscale("log")
+        a.set_title(f"{tag} {name} per arrival minute", fontsize=9)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    axes[2].set_xlabel("minute")
+    axes[2].set_xlabel("minute of the run")
+    fig.suptitle(data.title(same), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -370,7 +420,7 @@ PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
 }  # fmt: skip
 
 
-def supported_kinds(data: SweepData) -> list[str]:
+def supported_kinds(data: RunSet) -> list[str]:
     """The kinds these results can support, checked without drawing."""
     kinds = ["cdf"]
     checks: dict[str, Callable[[], Any]] = {
@@ -389,24 +439,27 @@ def supported_kinds(data: SweepData) -> list[str]:
 
 
 def make_figures(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | list[str | os.PathLike[str]],
     kinds: list[str] | None = None,
     *,
-    formats: tuple[str, ...] = ("png",),
+    formats: tuple[str, ...] = FORMATS,
     out: str | os.PathLike[str] | None = None,
     param: str | None = None,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Draw the requested kinds (default: every kind the results support) into
-    `out` (default DIR/figures/) as `<kind>.<format>`; returns the written paths. A file
-    there that lmsim did not draw is replaced only with `overwrite`."""
-    data = SweepData(root)
+    """Draw the requested kinds (default: every kind the results support) of any set of
+    run and sweep directories into `out` (default: DIR/figures/ for one directory) as
+    `<kind>.<format>`; returns the written paths. A file there that lmsim did not draw is
+    replaced only with `overwrite`."""
+    data = RunSet(root)
     for f in formats:
         if f not in FORMATS:
             raise PlotError(f"unknown figure format {f!r} (one of {', '.join(FORMATS)})")
     for k in kinds or []:
         if k not in KINDS:
             raise PlotError(f"unknown plot kind {k!r} (one of {', '.join(KINDS)})")
+    if out is None and len(data.roots) > 1:
+        raise PlotError("several directories given: name the figure directory with --out")
     wanted = list(kinds) if kinds else supported_kinds(data)
     out_dir = Path(out) if out else data.root / FIGURES_DIR
     for kind in wanted:  # refuse before drawing: nothing is written unless all may be
@@ -416,12 +469,28 @@ def make_figures(
     for kind in wanted:  # draw everything first: an unsupported kind writes nothing
         fig = plot_param(data, param) if kind == "param" else PLOTTERS[kind](data)
         figures.append((kind, fig))
+    if out is not None:
+        _check_figure_dir(out_dir, [f"{kind}.{f}" for kind, _ in figures for f in formats])
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for kind, fig in figures:
         for f in formats:
             path = out_dir / f"{kind}.{f}"
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path, dpi=150)
             written.append(path)
         plt.close(fig)
     return written
+
+
+FIGURE_MARKER = ".lmsim-figures"
+
+
+def _check_figure_dir(out_dir: Path, names: list[str]) -> None:
+    """Figures replace only files lmsim wrote: a same-named file in a directory lmsim did
+    not create (no marker) is the user's, and the command stops before writing anything."""
+    if out_dir.is_dir() and not (out_dir / FIGURE_MARKER).exists():
+        clashes = [n for n in names if (out_dir / n).exists()]
+        if clashes:
+            raise PlotError(f"{out_dir}: {clashes[0]} exists and was not written by lmsim; choose another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / FIGURE_MARKER).touch()

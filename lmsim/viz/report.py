@@ -1,30 +1,43 @@
-"""`lmsim report DIR`: one self-contained `report.html` for a sweep directory, or for a
-directory of sweep directories (e.g. `runs/paper/`): every figure kind the saved results
-support (PNG, base64-embedded), the summary table of each sweep and every run's resolved
-config. Reads saved results only."""
+"""`lmsim report DIR...`: one self-contained `report.html` for any set of saved runs and
+sweeps, or for a directory of sweep directories (e.g. `runs/paper/`, one section each):
+every figure kind the results support (PNG, base64-embedded), one metrics table per section
+whose rows are labelled by what distinguishes the runs, each column in one number format,
+and the configuration shown once with only the differing keys per run. The page names the
+lmsim version, the git commit of the code (when it is a checkout) and the date."""
 
 from __future__ import annotations
 
 import base64
+import copy
+import datetime as dt
 import html
 import os
+import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from lmsim.errors import LmsimError
 from lmsim.outputs import SIGNATURE, check_output_file, write_text
-from lmsim.study.index import INDEX_FILE, SPEC_FILE, WALL_CLOCK_COLUMNS
-from lmsim.viz.figures import SweepData, make_figures, supported_kinds
+from lmsim.study.index import INDEX_FILE, SPEC_FILE
+from lmsim.study.rundir import is_complete
+from lmsim.viz.compare import compare_table, format_table
+from lmsim.viz.figures import make_figures, supported_kinds
+from lmsim.viz.runs import RunSet
 
 REPORT_FILE = "report.html"
-TABLE_COLUMNS = ("policy", "num_finished", "num_unfinished", "num_rejected", "offered_rate_per_s",
-                 "ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "tpot_s_mean", "tpot_s_p50", "tpot_s_p99",
-                 "prefix_hit_ratio")  # fmt: skip
+# The report's table: the headline statistics (compare.csv has every one).
+TABLE_COLUMNS = ("TTFT mean ms", "TTFT p50 ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p50 ms", "TPOT p99 ms",
+                 "ITL mean ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "queue mean ms",
+                 "req/s", "out tok/s", "goodput req/s", "SLO attained", "hit ratio", "preemptions")  # fmt: skip
 
 _STYLE = """body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#eee}img{max-width:100%;display:block;margin:.5em 0}pre{font-size:11px;background:#f6f6f6;
-padding:.5em;overflow:auto}details{margin:.2em 0}h2{border-bottom:1px solid #999}"""
+th{background:#eee}th:first-child,td:first-child{text-align:left}img{max-width:100%;display:block;margin:.5em 0}
+pre{font-size:11px;background:#f6f6f6;padding:.5em;overflow:auto}details{margin:.2em 0}
+h2{border-bottom:1px solid #999}.meta{color:#555;font-size:13px}"""
 
 
 class ReportError(LmsimError):
@@ -32,40 +45,82 @@ class ReportError(LmsimError):
 
 
 def find_sweeps(root: Path) -> list[Path]:
-    if (root / INDEX_FILE).exists():
+    if (root / INDEX_FILE).exists() or is_complete(root):
         return [root]
     return sorted(p.parent for p in root.glob(f"*/{INDEX_FILE}"))
 
 
-def _table(data: SweepData) -> str:
-    index = data.index
-    cols = ["run", *[k for k in data.keys if k in index], *[c for c in TABLE_COLUMNS if c in index]]
-    frame = index[[c for c in cols if c not in WALL_CLOCK_COLUMNS]].copy()
-    for c in frame.columns:
-        if c.startswith(("ttft_s", "tpot_s")):
-            frame[c] = (frame[c].astype(float) * 1000).round(1)  # shown in ms
-    frame = frame.rename(columns={c: c.replace("_s_", " ms ") for c in frame.columns if c.startswith(("ttft_s", "tpot_s"))})
-    return frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
+def provenance() -> dict[str, str]:
+    """lmsim version, the git commit of the installed code when it is a checkout (with
+    `+dirty` for uncommitted changes), and the date (UTC)."""
+    from lmsim import __version__
+
+    where = Path(__file__).resolve().parent
+    commit = "not a git checkout"
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)  # fmt: skip
+            if dirty.returncode == 0 and dirty.stdout.strip():
+                commit += "+dirty"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"lmsim": __version__, "commit": commit, "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def _section(sweep: Path, root: Path) -> str:
-    data = SweepData(sweep)
-    title = html.escape(str(sweep.relative_to(root)) if sweep != root else sweep.name)
-    parts = [f'<h2 id="{title}">{title}</h2>']
-    spec = sweep / SPEC_FILE
-    if spec.exists():
-        parts.append(f"<details><summary>experiment (sweep.yaml)</summary><pre>{html.escape(spec.read_text())}</pre></details>")
+def _drop(config: dict[str, Any], dotted: str) -> None:
+    parts = dotted.split(".")
+    node: Any = config
+    for p in parts[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            return
+        node = node[p]
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def shared_config(data: RunSet) -> str:
+    """The first run's resolved config without the keys that differ between runs (those
+    are the table's row labels) nor the fields that only name or place a run."""
+    run = data.index["run"].iloc[0]
+    path = data.run_dir(run) / "config.yaml"
+    if not path.exists():
+        return "(no config.yaml saved)"
+    config = copy.deepcopy(yaml.safe_load(path.read_text()) or {})
+    for key in [*data.keys, "name", "description", "output.dir", "sweep", "zip"]:
+        _drop(config, key)
+    return yaml.safe_dump(config, sort_keys=False).strip()
+
+
+def _table(data: RunSet) -> str:
+    table, formats = compare_table(data)
+    shown = format_table(table[[c for c in TABLE_COLUMNS if c in table]], formats)
+    offered = data.index
+    shown.insert(0, "finished", [f"{int(v)}" for v in offered["num_finished"]])
+    if "offered_rate_per_s" in offered:
+        shown.insert(1, "offered req/s", ["-" if v != v else f"{v:.3f}" for v in offered["offered_rate_per_s"]])
+    return shown.reset_index().to_html(index=False, border=0, escape=True)
+
+
+def _section(paths: list[Path], title: str) -> str:
+    data = RunSet(paths if len(paths) > 1 else paths[0])
+    anchor = html.escape(title)
+    parts = [f'<h2 id="{anchor}">{anchor}</h2>', f"<p>{html.escape(data.title(data.index))}; "
+             f"{len(data.index)} run(s); rows name what differs: "
+             f"{html.escape(', '.join(data.keys) or 'nothing')}</p>"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for path in make_figures(sweep, supported_kinds(data), formats=("png",), out=tmp):
+        for path in make_figures(paths if len(paths) > 1 else paths[0], supported_kinds(data), formats=("png",), out=tmp):
             b64 = base64.b64encode(path.read_bytes()).decode()
             parts.append(f"<h3>{path.stem}</h3><img alt='{path.stem}' src='data:image/png;base64,{b64}'>")
     parts.append("<h3>summary</h3>" + _table(data))
-    configs = []
-    for run in data.index["run"]:
-        cfg = data.run_dir(run) / "config.yaml"
-        if cfg.exists():
-            configs.append(f"<details><summary>{html.escape(run)}</summary><pre>{html.escape(cfg.read_text())}</pre></details>")
-    parts.append("<h3>resolved configs</h3>" + "".join(configs))
+    parts.append("<h3>configuration shared by every run</h3>"
+                 f"<pre>{html.escape(shared_config(data))}</pre>")  # fmt: skip
+    spec = paths[0] / SPEC_FILE
+    if len(paths) == 1 and spec.exists():
+        parts.append(f"<details><summary>experiment (sweep.yaml)</summary><pre>{html.escape(spec.read_text())}</pre></details>")
     return "\n".join(parts)
 
 
@@ -76,20 +131,36 @@ def is_report(path: Path) -> bool:
 
 
 def write_report(
-    root: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *, overwrite: bool = False,
+    roots: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> Path:
-    """Write the report to `out` (default DIR/report.html); a file there that lmsim did not
-    write is replaced only with `overwrite`."""
-    root = Path(root)
-    sweeps = find_sweeps(root)
-    if not sweeps:
-        raise ReportError(f"{root}: no sweep.parquet here or in a subdirectory")
-    path = check_output_file(Path(out) if out else root / REPORT_FILE, overwrite=overwrite, ours=is_report)
-    sections = [_section(s, root) for s in sweeps]
-    toc = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>'
-                  for n in (str(s.relative_to(root)) if s != root else s.name for s in sweeps))  # fmt: skip
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{SIGNATURE}'><title>lmsim report: {html.escape(root.name)}</title>"
+    """One directory: its sweeps (or itself, a sweep or a run), a section each. Several
+    directories: one section comparing all their runs; `out` is then required. A file at
+    the output path that lmsim did not write is replaced only with `overwrite`."""
+    given = [Path(r) for r in (roots if isinstance(roots, list) else [roots])]
+    if len(given) == 1:
+        root = given[0]
+        sweeps = find_sweeps(root)
+        if not sweeps:
+            raise ReportError(f"{root}: no sweep.parquet or run here or in a subdirectory")
+        sections = [(str(s.relative_to(root)) if s != root else s.name, [s]) for s in sweeps]
+        path = Path(out) if out else root / REPORT_FILE
+    else:
+        if out is None:
+            raise ReportError("several directories given: name the report file with --out")
+        sections = [(", ".join(p.name for p in given), given)]
+        path = Path(out)
+        root = path.resolve().parent
+    path = check_output_file(path, overwrite=overwrite, ours=is_report)
+    body = "\n".join(_section(paths, title) for title, paths in sections)
+    meta = provenance()
+    toc = "".join(f'<li><a href="#{html.escape(t)}">{html.escape(t)}</a></li>' for t, _ in sections)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{SIGNATURE}'>"
+            f"<title>lmsim report: {html.escape(root.name)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>lmsim report: {html.escape(str(root))}</h1>"
-            f"<p>Latencies in ms. Generated from saved results only.</p><ul>{toc}</ul>"
-            + "\n".join(sections) + "</body></html>")  # fmt: skip
+            f"<p class='meta'>lmsim {html.escape(meta['lmsim'])} · commit {html.escape(meta['commit'])} · "
+            f"{html.escape(meta['date'])}. Latencies in ms; generated from saved results only.</p>"
+            f"<ul>{toc}</ul>" + body + "</body></html>")  # fmt: skip
     return write_text(path, page)
