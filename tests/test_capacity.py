@@ -45,14 +45,14 @@ def test_capacity_is_monotone_in_cluster_size():
 
 
 def test_capacity_policy_is_replayed_and_keys_the_cache():
-    from lmsim.study.capacity import cache_key, probe_config
+    from lmsim.study.capacity import cache_key, probe_config, trace_identity
 
     base = config(2)
     other = make_config(cluster={"num_instances": 2, "num_gpu_blocks": 4000},
                         simulation={"check": False}, capacity={"policy": "lmetric"})
     assert probe_config(base).router.policy == "vllm"
     assert probe_config(other).router.policy == "lmetric"
-    trace = poisson_trace(n=64)
+    trace = trace_identity(poisson_trace(n=64))
     # The default keeps the keys every shipped capacity was stored under.
     assert cache_key(trace, base, SEARCH) == cache_key(trace, make_config(
         cluster={"num_instances": 2, "num_gpu_blocks": 4000}, simulation={"check": False},
