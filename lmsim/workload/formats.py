@@ -330,7 +330,9 @@ class ClaudeCodeFormat:
       not mean equal content.
     - Clock: session k (0-based, file order) starts at k * `CLAUDE_CODE_SESSION_STAGGER_S`;
       a request arrives at session start + `t`; sub-agent requests at session start +
-      sub-agent `t` + their own `t`.
+      the sub-agent's start + their own `t`. A sub-agent entry is logged when it returns,
+      so its start is its `t` minus `duration_ms` (which lands right after the spawning
+      step's response; the parent's next step waits for it).
     - Closed loop: each request after the first of its (sub-)session has `after_id` = the
       previous request's row and `delay_s` = its `think_time`, so a replay keeps the
       client's think time after the simulated response. `parent_id` is the same row.
@@ -375,6 +377,12 @@ class ClaudeCodeFormat:
                         continue
                     if item.get("type") == "subagent":
                         t_sub = rows.number(item, "t", n)
+                        # the entry is logged when the sub-agent returns: its `t` is the
+                        # end, `duration_ms` before it the start (right after the
+                        # spawning step's response in the real data)
+                        dur = item.get("duration_ms")
+                        if t_sub is not None and isinstance(dur, int | float) and not isinstance(dur, bool) and 0 <= dur <= t_sub * 1000:
+                            t_sub -= dur / 1000.0
                         if t_sub is not None and isinstance(item.get("requests"), list):
                             chains.append((item["requests"], t0 + t_sub))
                         elif t_sub is not None:
