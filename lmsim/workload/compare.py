@@ -239,7 +239,9 @@ def split_tolerance(
         sa, sb = statistics(samples, a), statistics(samples, b)
         for k in sa:
             devs.setdefault(k, []).append(_deviation(ratio(sa[k], sb[k])))
-    return {k: float(np.percentile(np.asarray(v), level)) for k, v in devs.items()}
+    # nearest rank, not interpolation: deviations may be infinite
+    pick = min(splits - 1, math.ceil(level / 100 * (splits - 1)))
+    return {k: float(np.sort(np.asarray(v))[pick]) for k, v in devs.items()}
 
 
 @dataclass
