@@ -76,7 +76,8 @@ class SessionSamples:
     per_session: dict[str, np.ndarray]
 
 
-def _chain_roots(parent: np.ndarray) -> np.ndarray:
+def chain_roots(parent: np.ndarray) -> np.ndarray:
+    """Root row of every row's parent chain, by pointer doubling."""
     root = np.where(parent >= 0, parent, np.arange(len(parent)))
     while True:
         nxt = root[root]
@@ -105,7 +106,7 @@ def session_samples(trace: Trace) -> SessionSamples:
     inp, out = trace.input_tokens, trace.output_tokens
     rows = np.arange(n)
 
-    root = _chain_roots(parent)
+    root = chain_roots(parent)
     first_row = np.full(ns, n, dtype=np.int64)
     np.minimum.at(first_row, sess, rows)
     main_root = root[first_row]

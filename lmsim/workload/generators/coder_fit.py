@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from lmsim.workload.compare import chain_roots
 from lmsim.workload.trace import Trace
 
 # 0.5 % steps, then ever finer toward the maximum: growth and inputs are heavy-tailed, and a
@@ -64,13 +65,7 @@ def _table(x: np.ndarray) -> list[float]:
 
 def _chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(root row of each row's parent_id chain, session index of each row)."""
-    parent = trace.column("parent_id")
-    root = np.where(parent >= 0, parent, np.arange(len(trace)))
-    while True:
-        nxt = root[root]
-        if np.array_equal(nxt, root):
-            break
-        root = nxt
+    root = chain_roots(trace.column("parent_id"))
     raw = trace.column("session_id")
     raw = np.where(raw >= 0, raw, -1 - np.arange(len(trace)))
     _, sess = np.unique(raw, return_inverse=True)
