@@ -93,7 +93,7 @@ def test_compare_and_tolerance():
 
 def test_generator_block_rule_and_subagents():
     t = generate("coder", {"num_sessions": 200, "block_size": 64, "max_context_tokens": None}, seed=3)
-    assert t.meta["generator_version"] == str(coder_module.VERSION) == "2"
+    assert t.meta["generator_version"] == str(coder_module.VERSION) == "3"
     p = t.parent_id
     rows = np.flatnonzero(p >= 0)
     grows = rows[t.input_tokens[rows] >= t.input_tokens[p[rows]]]
