@@ -107,11 +107,12 @@ def test_coder_closed_loop():
     linked = np.flatnonzero(a >= 0)
     assert (a[linked] < linked).all()
     assert (t.session_id[a[linked]] == t.session_id[linked]).all()
-    assert (t.delay_s[linked] > 0).all()
+    assert (t.delay_s[linked] >= 0).all()
+    assert (t.delay_s[linked] < 2).mean() < 0.03  # real: 0.7 % of steps wait under 2 s
     s = trace_stats(t)
     assert s["ideal_hit_ratio"] > 0.8  # within-session reuse plus the shared prefix
     assert s["output_p50"] == pytest.approx(216, rel=0.15)
-    assert s["prefix_d1_distinct"] <= 3
+    assert s["prefix_d1_distinct"] <= 6  # 3 client variants, each a main and a sub-agent prefix
 
 
 def test_split_lognormal_fit():

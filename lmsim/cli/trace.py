@@ -1,4 +1,4 @@
-"""The `lmsim trace ...` command group: convert, stats, plot and generate.
+"""The `lmsim trace ...` command group: convert, stats, plot, generate and compare.
 
 `register_cli(subparsers)` adds the `trace` sub-parser; every handler takes the parsed
 arguments and returns an exit code. Expected failures raise `LmsimError` subclasses,
@@ -63,6 +63,15 @@ def register_cli(subparsers: Any) -> None:
     gen.add_argument("--out", required=True, metavar="OUT.parquet")
     add_overwrite_option(gen, "--out file lmsim did not write")
     gen.set_defaults(func=cmd_generate)  # fmt: skip
+
+    cmp_ = sub.add_parser("compare", help="session statistics of B against A, with a "
+                          "tolerance from random halves of A")
+    cmp_.add_argument("a", metavar="A", help="reference trace (e.g. the real sessions)")
+    cmp_.add_argument("b", metavar="B")
+    cmp_.add_argument("--splits", type=int, default=200,
+                      help="random disjoint halves of A behind the tolerance (default 200)")
+    cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.set_defaults(func=cmd_compare)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -155,4 +164,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     trace = generate(args.name, parse_params(args.param), seed=args.seed)
     trace.save(args.out)
     print(f"wrote {len(trace)} requests to {args.out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from lmsim.workload.compare import compare, format_comparison, session_samples, split_tolerance
+
+    if args.splits < 1:
+        raise ConfigError(f"--splits must be >= 1, got {args.splits}")
+    a = session_samples(load_trace(args.a))
+    b = session_samples(load_trace(args.b))
+    tolerance = split_tolerance(a, splits=args.splits, seed=args.seed)
+    print(format_comparison(compare(a, b, tolerance), args.a, args.b))
+    print(f"tolerance: the largest B/A deviation over {args.splits} random disjoint halves of A")
     return 0

@@ -71,10 +71,10 @@ def _stream_claude_code(path: Path, out: Path, *, skip_bad_rows: bool, progress:
             with open(spill_path, "wb") as spill:
                 for n, index, entries in fmt.sessions(path, rows, stats):
                     row_of: list[int] = []  # kept row of each entry, -1 if dropped
-                    for arr_t, p, i, o, ids, tt in entries:
+                    for arr_t, p, i, o, ids, tt, where in entries:
                         problem = _row_problem(i, o, len(ids), bs)
                         if problem is not None:
-                            rows.bad(n, problem)  # raises unless skipping; counts the row
+                            rows.bad(n, problem, where)  # raises unless skipping; counts the row
                             row_of.append(-1)
                             continue
                         parent = row_of[p] if p >= 0 else -1

@@ -111,6 +111,7 @@ class _Rows:
         self.block_size = block_size
         self.hashes_required = hashes_required
         self.line: list[int] = []
+        self.where: list[str] = []  # where in a line a row sits ("requests[3]"), or ""
         self.ts: list[float] = []
         self.inp: list[int] = []
         self.out: list[int] = []
@@ -119,50 +120,53 @@ class _Rows:
         self.chunks: list[np.ndarray] = []
         self.skipped = 0
 
-    def bad(self, line: int, what: str) -> None:
+    def bad(self, line: int, what: str, where: str = "") -> None:
         if not self.skip:
-            raise TraceError(f"{self.path}: line {line}: {what}")
+            at = f"{where}: " if where else ""
+            raise TraceError(f"{self.path}: line {line}: {at}{what}")
         self.skipped += 1
 
-    def length(self, rec: dict[str, Any], key: str, line: int) -> int | None:
+    def length(self, rec: dict[str, Any], key: str, line: int, where: str = "") -> int | None:
         v = rec.get(key)
         if v is None:
-            self.bad(line, f"{key} is missing")
+            self.bad(line, f"{key} is missing", where)
             return None
         if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
-            self.bad(line, f"{key} must be an integer, got {v!r}")
+            self.bad(line, f"{key} must be an integer, got {v!r}", where)
             return None
         if v < 0:
-            self.bad(line, f"{key} must be >= 0, got {v}")
+            self.bad(line, f"{key} must be >= 0, got {v}", where)
             return None
         return int(v)
 
-    def number(self, rec: dict[str, Any], key: str, line: int) -> float | None:
+    def number(self, rec: dict[str, Any], key: str, line: int, where: str = "") -> float | None:
         v = rec.get(key)
         if v is None:
-            self.bad(line, f"{key} is missing")
+            self.bad(line, f"{key} is missing", where)
             return None
         if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
-            self.bad(line, f"{key} must be a finite number >= 0, got {v!r}")
+            self.bad(line, f"{key} must be a finite number >= 0, got {v!r}", where)
             return None
         return float(v)
 
-    def hash_list(self, rec: dict[str, Any], key: str, line: int) -> list[int] | None:
+    def hash_list(self, rec: dict[str, Any], key: str, line: int, where: str = "") -> list[int] | None:
         v = rec.get(key)
         if v is None:
             if self.hashes_required:
-                self.bad(line, f"{key} is missing")
+                self.bad(line, f"{key} is missing", where)
                 return None
             return []
         if not isinstance(v, list) or not all(type(x) is int for x in v):
-            self.bad(line, f"{key} must be a list of integers")
+            self.bad(line, f"{key} must be a list of integers", where)
             return None
         return v
 
     def add(
-        self, line: int, ts: float, inp: int, out: int, hashes: list[int] | np.ndarray
+        self, line: int, ts: float, inp: int, out: int, hashes: list[int] | np.ndarray,
+        where: str = "",
     ) -> None:
         self.line.append(line)
+        self.where.append(where)
         self.ts.append(ts)
         self.inp.append(inp)
         self.out.append(out)
@@ -213,7 +217,9 @@ class _Rows:
         for mask, message in problems:
             if mask.any():
                 if not self.skip:
-                    raise TraceError(f"{self.path}: line {line[np.argmax(mask)]}: {message(int(np.argmax(mask)))}")
+                    i = int(np.argmax(mask))
+                    at = f"{self.where[i]}: " if self.where[i] else ""
+                    raise TraceError(f"{self.path}: line {line[i]}: {at}{message(i)}")
                 bad |= mask
         if check_order and len(ts) > 1:
             # A row goes backwards if it is earlier than the latest valid row before it;
@@ -368,7 +374,9 @@ class ClaudeCodeFormat:
       not mean equal content.
     - Clock: session k (0-based, file order) starts at k * `CLAUDE_CODE_SESSION_STAGGER_S`;
       a request arrives at session start + `t`; sub-agent requests at session start +
-      sub-agent `t` + their own `t`.
+      the sub-agent's start + their own `t`. A sub-agent entry is logged when it returns,
+      so its start is its `t` minus `duration_ms` (which lands right after the spawning
+      step's response; the parent's next step waits for it).
     - Closed loop: each request after the first of its (sub-)session has `after_id` = the
       previous request's row and `delay_s` = its `think_time`, so a replay keeps the
       client's think time after the simulated response. `parent_id` is the same row.
@@ -396,8 +404,8 @@ class ClaudeCodeFormat:
         stats = {"sessions": 0, "clamped": 0}
         for n, index, entries in self.sessions(path, rows, stats):
             first_row = len(rows.line)
-            for arr_t, prev, inp, out, ids, tt in entries:
-                rows.add(n, arr_t, inp, out, ids)
+            for arr_t, prev, inp, out, ids, tt, where in entries:
+                rows.add(n, arr_t, inp, out, ids, where)
                 sess.append(index)
                 prev_in_chain.append(first_row + prev if prev >= 0 else -1)
                 think.append(tt)
@@ -428,10 +436,11 @@ class ClaudeCodeFormat:
 
     def sessions(
         self, path: Path, rows: _Rows, stats: dict[str, int]
-    ) -> Iterator[tuple[int, int, list[tuple[float, int, int, int, np.ndarray, float]]]]:
+    ) -> Iterator[tuple[int, int, list[tuple[float, int, int, int, np.ndarray, float, str]]]]:
         """One session at a time, in file order: (line, session index, requests), each
         request (arrival, previous request's index in this list or -1, in, out, ids moved
-        into the session's private range, think time). Field problems go to `rows.bad`;
+        into the session's private range, think time, where in the line it sits, e.g.
+        `requests[4].requests[2]`). Field problems go to `rows.bad`;
         `stats` counts sessions and clamped zero outputs."""
         next_id = 0
         count = 0
@@ -443,29 +452,38 @@ class ClaudeCodeFormat:
                 rows.bad(n, "requests is missing or not a list")
                 continue
             start = count * CLAUDE_CODE_SESSION_STAGGER_S
-            # (request list, time offset) for the main loop and each sub-agent loop
-            chains: list[tuple[list[Any], float]] = [(reqs, start)]
-            # per request: (arrival, chain, previous entry or -1, in, out, ids, think)
-            entries: list[tuple[float, int, int, int, int, np.ndarray, float]] = []
+            # (request list, time offset, its path in the line) for the main loop and each
+            # sub-agent loop; the path names the request in an error ("requests[4]
+            # .requests[2]"), as the line holds a whole session
+            chains: list[tuple[list[Any], float, str]] = [(reqs, start, "requests")]
+            # per request: (arrival, chain, previous entry or -1, in, out, ids, think, path)
+            entries: list[tuple[float, int, int, int, int, np.ndarray, float, str]] = []
             chain_max: list[int] = []
-            for chain_no, (items, t0) in enumerate(chains):
+            for chain_no, (items, t0, path_) in enumerate(chains):
                 local_max = -1
                 prev = -1
-                for item in items:
+                for k_item, item in enumerate(items):
+                    where = f"{path_}[{k_item}]"
                     if not isinstance(item, dict):
-                        rows.bad(n, "requests entry is not an object")
+                        rows.bad(n, "requests entry is not an object", where)
                         continue
                     if item.get("type") == "subagent":
-                        t_sub = rows.number(item, "t", n)
+                        t_sub = rows.number(item, "t", n, where)
+                        # the entry is logged when the sub-agent returns: its `t` is the
+                        # end, `duration_ms` before it the start (right after the
+                        # spawning step's response in the real data)
+                        dur = item.get("duration_ms")
+                        if t_sub is not None and isinstance(dur, int | float) and not isinstance(dur, bool) and 0 <= dur <= t_sub * 1000:
+                            t_sub -= dur / 1000.0
                         if t_sub is not None and isinstance(item.get("requests"), list):
-                            chains.append((item["requests"], t0 + t_sub))
+                            chains.append((item["requests"], t0 + t_sub, f"{where}.requests"))
                         elif t_sub is not None:
-                            rows.bad(n, "subagent requests is missing or not a list")
+                            rows.bad(n, "subagent requests is missing or not a list", where)
                         continue
-                    t = rows.number(item, "t", n)
-                    inp = rows.length(item, "in", n) if t is not None else None
-                    out = rows.length(item, "out", n) if inp is not None else None
-                    ids = rows.hash_list(item, "hash_ids", n) if out is not None else None
+                    t = rows.number(item, "t", n, where)
+                    inp = rows.length(item, "in", n, where) if t is not None else None
+                    out = rows.length(item, "out", n, where) if inp is not None else None
+                    ids = rows.hash_list(item, "hash_ids", n, where) if out is not None else None
                     if ids is None:
                         continue
                     if out == 0:
@@ -478,7 +496,7 @@ class ClaudeCodeFormat:
                     arr = np.asarray(ids, dtype=np.int64)
                     if len(arr):
                         local_max = max(local_max, int(arr.max()))
-                    entries.append((t0 + t, chain_no, prev, inp, out, arr, tt))
+                    entries.append((t0 + t, chain_no, prev, inp, out, arr, tt, where))
                     prev = len(entries) - 1
                 chain_max.append(local_max)
             # each (sub-)session's ids move into a private range
@@ -487,8 +505,8 @@ class ClaudeCodeFormat:
                 bases[c] = next_id
                 next_id += m + 1
             yield n, count, [
-                (arr_t, prev, inp, out, ids + bases[chain_no], tt)
-                for arr_t, chain_no, prev, inp, out, ids, tt in entries
+                (arr_t, prev, inp, out, ids + bases[chain_no], tt, where)
+                for arr_t, chain_no, prev, inp, out, ids, tt, where in entries
             ]
             count += 1
             stats["sessions"] = count

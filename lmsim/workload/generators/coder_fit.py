@@ -1,0 +1,209 @@
+"""Fit the `coder` generator's calibration to real coding-agent sessions.
+
+`fit_coder(trace, sessions)` reads a canonical session trace (the Claude Code loader's
+output: `session_id`, `parent_id` chains, `after_id`/`delay_s`) and returns plain tables,
+JSON-serializable, that `CoderGenerator` samples by inverse CDF. Each distribution is kept
+as its empirical quantile function on a fixed probability grid: the real data are
+heavy-tailed, lumpy (integer think times, a few sessions of hundreds of steps) and
+correlated in ways no two-parameter family follows, and the tables keep all of that while
+holding no request of the source (a few KB of order statistics).
+
+Tables (token counts at the trace's block size; times in s):
+
+- `main_requests`: steps of a session's main chain; `start_input`: its first input;
+- `session_shapes`: per real session, (main-chain steps, first input, median growth): a
+  generated session takes one whole, since length, start and growth level go together
+  (long sessions grow by less per step);
+- `growth_by_input`: input growth of a non-shrinking step over its session's median
+  growth, one table per bin of the previous input (`input_bin_edges`): early steps read
+  files (mean growth 3.1K tokens below 50K of context, 1.4K at 100-150K). The growth is
+  the whole difference between two prompts, re-sent output included, so nothing is added
+  on top of it;
+- compaction (a shrink to < 0.8 of the context; 232 of the 334 real shrinks): the agent
+  compacts when its context passes a threshold, `compact_at` (the contexts at which real
+  compactions happened: median 148K, Claude Code's auto-compaction under a 200K window),
+  to `compact_ratio` of it (median 0.41); `large_window_prob` of the sessions that get
+  that far have a larger window (go past 200K) and do not; the same ratio serves when the
+  served model's window forces a compaction;
+- `shrink_prob_by_input`: chance of a smaller shrink (>= 0.8) per bin of the previous
+  input (`input_bin_edges`), and `shrink_ratio` (after / before) of those steps;
+- `output`, `think_s`;
+- `subagent_session_prob`, `subagents_per_session` (spawning sessions), `subagent_group`
+  (sub-agents started together: within `_GROUP_GAP_S` of the group's first),
+  `subagent_requests`, `subagent_start_input`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmsim.workload.compare import chain_roots
+from lmsim.workload.trace import Trace
+
+# 0.5 % steps, then ever finer toward the maximum: growth and inputs are heavy-tailed, and a
+# straight segment from p99.5 to a 600K-token maximum would draw far too many huge values
+# Powers of ten through the C library, not numpy's vectorised pow, whose last bits differ
+# between numpy builds (see generators/base.py): the grid must be the same everywhere.
+GRID = np.unique(np.concatenate([
+    np.linspace(0.0, 0.99, 199), 1.0 - np.array([math.pow(10.0, e) for e in np.linspace(-2, -5, 31)]), [1.0],
+]))
+# Context sizes at which the agent's own compaction gets likelier: fixed edges, finer above
+# 100K, where real sessions compact several times more often per step and where a quantile
+# grid of the inputs would leave one open-ended bin for everything beyond 150K.
+_INPUT_EDGES = (50_000, 100_000, 140_000, 170_000, 200_000, 300_000, 450_000)
+_GROUP_GAP_S = 60.0
+_COMPACTION_RATIO = 0.8  # a shrink to below this share of the context is a compaction
+_LARGE_WINDOW = 200_000  # Claude's standard window; beyond it only 1M-window sessions go
+
+
+def _table(x: np.ndarray) -> list[float]:
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        return []
+    return [float(v) for v in np.quantile(x, GRID)]
+
+
+def _chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(root row of each row's parent_id chain, session index of each row)."""
+    root = chain_roots(trace.column("parent_id"))
+    raw = trace.column("session_id")
+    raw = np.where(raw >= 0, raw, -1 - np.arange(len(trace)))
+    _, sess = np.unique(raw, return_inverse=True)
+    return root, sess
+
+
+def _groups(keys: np.ndarray, values: np.ndarray):
+    order = np.argsort(keys, kind="stable")
+    k, v = keys[order], values[order]
+    cuts = np.flatnonzero(np.diff(k)) + 1
+    for ks, vs in zip(np.split(k, cuts), np.split(v, cuts)):
+        if len(ks):
+            yield int(ks[0]), vs
+
+
+def fit_coder(trace: Trace, sessions: np.ndarray | None = None) -> dict[str, Any]:
+    """Calibration tables from the sessions selected by the boolean mask `sessions`
+    (indexed like `np.unique(session_id)`), all by default."""
+    root, sess = _chains(trace)
+    n = len(trace)
+    ns = int(sess.max()) + 1
+    use = np.ones(ns, dtype=bool) if sessions is None else np.asarray(sessions, dtype=bool)
+    rows = np.arange(n)
+    first_row = np.full(ns, n, dtype=np.int64)
+    np.minimum.at(first_row, sess, rows)
+    is_main = root == root[first_row][sess]
+    sel = use[sess]
+    parent = trace.column("parent_id")
+    after = trace.column("after_id")
+    inp, out = trace.input_tokens, trace.output_tokens
+    t = trace.arrival_s
+
+    main_len_all = np.bincount(sess[is_main], minlength=ns)
+    main_len = main_len_all[use]
+    start_input = inp[first_row[use]]
+
+    linked = np.flatnonzero((parent >= 0) & sel)
+    prev_in = inp[parent[linked]].astype(np.float64)
+    growth = inp[linked] - prev_in
+    shrink = growth < 0
+    # a session's growth level: long sessions grow by less per step than short ones, so
+    # growth is drawn as (the session's median growth) x (a step's growth over its
+    # session's median), and the level travels with the session's length and start
+    step_sess = sess[linked]
+    level = np.ones(ns)
+    for s_, g_ in _groups(step_sess[~shrink], growth[~shrink]):
+        level[s_] = max(float(np.median(g_)), 1.0)
+    rel = growth / level[step_sess]
+    in_edges = np.asarray(_INPUT_EDGES, dtype=np.float64)
+    in_bin = np.searchsorted(in_edges, prev_in, side="right")
+    growth_tables = [_table(rel[~shrink & (in_bin == b)]) for b in range(len(in_edges) + 1)]
+    sessions_table = [[int(main_len_all[s_]), int(inp[first_row[s_]]), round(float(level[s_]), 1)]
+                      for s_ in np.flatnonzero(use)]
+    ratio = inp[linked] / prev_in
+    compaction = shrink & (ratio < _COMPACTION_RATIO)
+    small = shrink & ~compaction
+    shrink_prob = [float(small[in_bin == b].mean()) if (in_bin == b).any() else 0.0
+                   for b in range(len(in_edges) + 1)]  # fmt: skip
+    # sessions whose agent window lets them grow past where others auto-compact
+    session_max = np.zeros(ns)
+    np.maximum.at(session_max, sess[sel], inp[sel])
+    reach = use & (session_max > np.quantile(prev_in[compaction], 0.9))
+    large_prob = float((session_max[reach] > _LARGE_WINDOW).mean()) if reach.any() else 0.0
+
+    closed = np.flatnonzero((after >= 0) & sel)
+
+    # sub-agents: chains other than the session's main one
+    sub_roots = np.unique(root[~is_main & sel])
+    sub_sess = sess[sub_roots]
+    spawning = np.unique(sub_sess)
+    per_session = np.bincount(sub_sess, minlength=ns)[spawning]
+    groups: list[int] = []
+    for s in spawning:
+        starts = np.sort(t[sub_roots[sub_sess == s]])
+        g0 = starts[0]
+        size = 0
+        for x in starts:
+            if x - g0 > _GROUP_GAP_S:
+                groups.append(size)
+                g0, size = x, 0
+            size += 1
+        groups.append(size)
+    sub_len = np.bincount(np.searchsorted(sub_roots, root[~is_main & sel]), minlength=len(sub_roots))
+
+    return {
+        "format": "lmsim-coder-calibration/1",
+        "block_size": int(trace.block_size),
+        "sessions": int(use.sum()),
+        "requests": int(sel.sum()),
+        "grid": [float(g) for g in GRID],
+        "main_requests": _table(main_len),
+        "start_input": _table(start_input),
+        "growth_by_input": growth_tables,
+        "session_shapes": sessions_table,
+        "input_bin_edges": [float(e) for e in in_edges],
+        "shrink_prob_by_input": shrink_prob,
+        "shrink_ratio": _table(ratio[small]),
+        "compact_at": _table(prev_in[compaction]),
+        "compact_ratio": _table(ratio[compaction]),
+        "large_window_prob": large_prob,
+        "output": _table(out[sel]),
+        "think_s": _table(trace.column("delay_s")[closed]),
+        "subagent_session_prob": float(len(spawning) / max(int(use.sum()), 1)),
+        "subagents_per_session": _table(per_session),
+        "subagent_group": _table(np.asarray(groups)),
+        "subagent_requests": _table(sub_len),
+        "subagent_start_input": _table(inp[sub_roots]),
+    }
+
+
+def save_calibration(cal: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(cal, indent=0, sort_keys=True) + "\n")
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lmsim.workload.generators.coder_fit TRACE OUT.json`: refit the shipped
+    calibration (TRACE: the WEKA file or its canonical conversion)."""
+    import sys
+
+    from lmsim.workload.formats import load_trace
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m lmsim.workload.generators.coder_fit TRACE OUT.json")
+        return 2
+    save_calibration(fit_coder(load_trace(args[0])), args[1])
+    print(f"wrote {args[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
