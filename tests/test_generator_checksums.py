@@ -36,9 +36,9 @@ PINNED = {
     # name: (params, seed, requests, checksum, version)
     "chatbot": ({"num_requests": 400}, 3, 400, "0e64fafa77d30ce9", 2),
     "hotspot": ({"num_requests": 400}, 3, 400, "d7b3d5af7f31fcb8", 2),
-    "agent": ({"num_requests": 400}, 3, 400, "9aad4e80ca6fbd4b", 2),
-    "toolagent": ({"num_requests": 400}, 3, 400, "c4b00e96b626e54e", 2),
-    "coder": ({"num_requests": 400}, 3, 400, "419ea6d92c51548d", 2),
+    "agent": ({"num_requests": 400}, 3, 400, "af516d9c43b1bd3b", 3),
+    "toolagent": ({"num_requests": 400}, 3, 400, "3242a83820c42f2e", 3),
+    "coder": ({"num_requests": 400}, 3, 400, "d7b00bafb1e12ef0", 3),
 }
 
 

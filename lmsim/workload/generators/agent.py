@@ -58,7 +58,7 @@ class AgentGenerator:
     suffix sizes are not published and were fitted to those targets.
     """
 
-    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
+    version = 3  # 2: C-library exp, microsecond time grid; 3: a step names its own session (output caching)
 
     def __init__(
         self,
@@ -121,7 +121,7 @@ class ToolAgentGenerator:
       182 (no published p99), capped at 2,000 like the conversation trace (§3.1).
     """
 
-    version = 2  # 2: C-library exp, microsecond time grid (bit-identical across numpy)
+    version = 3  # 2: C-library exp, microsecond time grid; 3: a step names its own session (output caching)
 
     def __init__(
         self,
