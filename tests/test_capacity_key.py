@@ -67,7 +67,7 @@ def test_key_payload_records_profile_and_policy() -> None:
     assert payload["criterion"] == capacity.CRITERION_VERSION
     assert payload["profile"] == {"inline": dict(sorted(LINEAR.items()))}
     assert payload["workload"]["source"] == {
-        "generator": "agent", "version": 2, "params": {"num_requests": 60, "rate": 2.0}, "seed": 0,
+        "generator": "agent", "version": 3, "params": {"num_requests": 60, "rate": 2.0}, "seed": 0,
     }  # fmt: skip
     table = validate({**raw_experiment(), "cluster": {"profile": "h20/qwen3-30b-a3b"}}, where="t")
     ident = key_payload(workload_identity(table), table, SEARCH)["profile"]

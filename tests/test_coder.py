@@ -151,7 +151,7 @@ def test_claude_code_error_names_line_and_request(tmp_path: Path):
     bad["requests"][1]["requests"][0]["in"] = 0
     with gzip.open(path, "wt") as fh:
         fh.write(json.dumps(ok) + "\n" + json.dumps(bad) + "\n")
-    with pytest.raises(TraceError, match=r"line 2: requests\[1\].requests\[0\]: hash_ids has 1 ids"):
+    with pytest.raises(TraceError, match=r"line 2: requests\[1\].requests\[0\]: in must be >= 1, got 0"):
         load_trace(path)
 
 

@@ -218,7 +218,7 @@ def test_fit_can_start_from_model_dimensions_and_gpu_facts(tmp_path):
     csv_path = write_csv(tmp_path / "steps.csv", rows)
     (tmp_path / "spec.yaml").write_text(SPEC)
     out = tmp_path / "fitted"
-    assert cmd_fit(argparse.Namespace(measurements=csv_path, base=None, spec=tmp_path / "spec.yaml",
+    assert cmd_fit(argparse.Namespace(measurements=csv_path, base=None, spec=tmp_path / "spec.yaml", overwrite=False,
                                       out=out, name="a100/llama-2-70b-fit")) == 0
     fitted = read_profile(out)
     prov = fitted.meta["provenance"]["fit_error"]

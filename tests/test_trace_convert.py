@@ -70,7 +70,7 @@ def test_a_bad_row_stops_the_conversion_with_its_line(tmp_path: Path, capsys) ->
     out = tmp_path / "out.parquet"
     assert main(["trace", "convert", str(path), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"lmsim: error: {path}: line 3: hash_ids has 3 ids but in 64 with 64-token blocks needs 1"
+    assert err == f"lmsim: error: {path}: line 3: requests[1]: hash_ids has 3 ids but in 64 with 64-token blocks needs 1"
     assert not out.exists() and not list(tmp_path.glob(".*"))
 
 

@@ -21,5 +21,5 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("compare", help="compare saved runs: one table, ratios to a baseline, CDFs")
     p.add_argument("dir", nargs="+", help="run directories and/or sweep directories (sweeps expand to their runs)")
     p.add_argument("--baseline", metavar="RUN", help="run directory (or label) whose values the ratios divide by")
-    p.add_argument("--out", metavar="DIR", help="write compare.csv, compare.txt and cdf.{png,svg,pdf} here")
+    p.add_argument("--out", metavar="DIR", help="write the table (compare.csv and a text copy) and cdf.{png,svg,pdf} here")
     p.set_defaults(func=cmd_compare)
