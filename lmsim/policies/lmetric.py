@@ -50,11 +50,15 @@ class LMetric(Policy):
       bs_plus_one=True: BS_i = R_i + Q_i + 1 (as three of four third-party
         reimplementations do); False is R_i + Q_i. Without +1 every idle instance scores 0
         whatever its cache, so LMetric becomes join-idle whenever an instance is idle: on
-        Coder at 0.5, where 7.3 of 16 instances are idle on average, hit ratio 0.22 instead
-        of 0.51 and mean TTFT 17.4 s instead of 11.5 s. With +1 LMetric also reproduces the
-        seed's Figure 21 failure: during the hotspot burst its mean TPOT is 8-13% worse than
-        vLLM's (5-7% without +1), because the product keeps favouring the instances that
-        hold the hot prefix. On ChatBot the two are within noise (few idle instances).
+        Coder at 0.5 (400 requests), where 7.3 of 16 instances are idle on average, hit
+        ratio 0.22 instead of 0.51 and mean TTFT 17.4 s instead of 11.5 s (80 requests at
+        0.6, 3 seeds: hit 0.13 vs 0.19, TTFT 19.2 vs 18.3 s). With +1 LMetric reproduces the
+        seed's Figure 21 failure more clearly: during the hotspot burst its mean TPOT is
+        +10% ± 7 vs vLLM (+6% ± 4 without +1), because the product keeps favouring the
+        instances that hold the hot prefix; the detector brings both to a tie. On ChatBot,
+        Agent and ToolAgent the two are within noise (few idle instances), and the
+        real Kimi trace at 0.5 gives TTFT -35% / TPOT -28% vs vLLM with +1, -30% / -23%
+        without.
       bs_source="engine": R_i + Q_i from the instance; "inflight": the router's own count of
         requests dispatched and not finished.
       tie_break="random": seeded uniform among equal scores; "rotate": first strict minimum
