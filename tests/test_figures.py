@@ -1,4 +1,4 @@
-"""`lmsim plot` draws every figure kind from saved results only (lmsim/figures.py)."""
+"""`lmsim plot` draws every figure kind from saved results only (lmsim/viz/figures.py)."""
 
 from __future__ import annotations
 

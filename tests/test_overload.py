@@ -148,7 +148,7 @@ def test_three_times_capacity_without_limits_still_finishes_everything():
     assert r.summary["sim_time_s"] >= N / CAPACITY_BOUND
 
 
-# -- known engine bugs (lmsim/simulation.py) ---------------------------------------------------
+# -- known engine bugs (lmsim/engine/simulation.py) ---------------------------------------------------
 
 
 def test_the_drain_limit_counts_from_a_closed_loop_successors_arrival():

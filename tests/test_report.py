@@ -1,4 +1,4 @@
-"""`lmsim report` writes one self-contained HTML page from saved results (lmsim/report.py)."""
+"""`lmsim report` writes one self-contained HTML page from saved results (lmsim/viz/report.py)."""
 
 from __future__ import annotations
 

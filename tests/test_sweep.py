@@ -1,4 +1,4 @@
-"""Sweep expansion, naming, resume, failures, bad input and the executors (lmsim/sweep.py).
+"""Sweep expansion, naming, resume, failures, bad input and the executors (lmsim/study/expand.py, execute.py, index.py).
 
 The helpers at the top are shared with the other sweep/figure/report test modules
 (`from test_sweep import ...`): a tiny chat workload on two linear-cost instances, so a run
