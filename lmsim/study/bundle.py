@@ -43,6 +43,9 @@ def bundle_experiments(paths: list[str], log: Any = print, *, refresh: bool = Fa
             if key in done:
                 continue
             done.add(key)
+            if not refresh:
+                # read again: another bundle process may have measured it meanwhile
+                bundled = _read_cache(BUNDLED_PATH)
             if key in bundled:
                 log(f"{path} [{point.name}]: bundled already ({bundled[key]['rate']:.4g} req/s)")
                 continue
