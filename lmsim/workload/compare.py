@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lmsim.workload.trace import Trace
+from lmsim.workload.trace import Trace, chain_roots
 
 QUANTILES = (10, 50, 90, 99)
 SESSION_QUANTILES = (10, 50, 90)
@@ -74,16 +74,6 @@ class SessionSamples:
     # per session: miss blocks, total blocks, rows, sub-agent rows, has sub-agent, linked
     # steps, shrinking steps
     per_session: dict[str, np.ndarray]
-
-
-def chain_roots(parent: np.ndarray) -> np.ndarray:
-    """Root row of every row's parent chain, by pointer doubling."""
-    root = np.where(parent >= 0, parent, np.arange(len(parent)))
-    while True:
-        nxt = root[root]
-        if np.array_equal(nxt, root):
-            return root
-        root = nxt
 
 
 def _peak_overlap(starts: np.ndarray, ends: np.ndarray) -> int:

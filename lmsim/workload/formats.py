@@ -38,7 +38,7 @@ import numpy as np
 from lmsim.errors import TraceError
 from lmsim.progress import progress_bar
 from lmsim.registry import Registry
-from lmsim.workload.trace import Trace, read_parquet
+from lmsim.workload.trace import Trace, chain_roots, read_parquet
 
 FORMATS: Registry[Any] = Registry("trace format")
 
@@ -337,7 +337,7 @@ class BailianFormat:
         chat_a = np.asarray(chat, dtype=np.int64)[keep]
         parent_a = np.asarray(parent, dtype=np.int64)[keep]
         trace.parent_id = _rows_of(chat_a, parent_a)
-        trace.session_id = _roots(trace.parent_id)
+        trace.session_id = chain_roots(trace.parent_id)
         trace.source = str(path)
         return trace
 
@@ -352,16 +352,6 @@ def _rows_of(ids: np.ndarray, refs: np.ndarray) -> np.ndarray:
     row = np.where(found, order[pos_c], -1)
     # a parent must precede its child; a forward reference would make replay impossible
     return np.where(row < np.arange(len(refs)), row, -1)
-
-
-def _roots(parent: np.ndarray) -> np.ndarray:
-    """Root row of every row's parent chain, by pointer doubling (log depth passes)."""
-    root = np.where(parent >= 0, parent, np.arange(len(parent)))
-    while True:
-        nxt = root[root]
-        if np.array_equal(nxt, root):
-            return root
-        root = nxt
 
 
 @FORMATS.register("claude_code")

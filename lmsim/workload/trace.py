@@ -388,3 +388,13 @@ def continued_ids(trace: Trace, row: int, cont: int) -> np.ndarray:
     nxt = trace.hash_ids(cont)
     k_next = min(int(trace.input_tokens[cont]) // bs, len(nxt))
     return np.concatenate((own[:k], nxt[k:k_next]))
+
+
+def chain_roots(parent: np.ndarray) -> np.ndarray:
+    """Root row of every row's `parent_id` chain, by pointer doubling (log depth passes)."""
+    root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    while True:
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            return root
+        root = nxt
