@@ -466,15 +466,20 @@ def read_matrix_table(path: Path, kind: str) -> tuple[np.ndarray, np.ndarray, np
     return rgrid, cols, z
 
 
-def read_profile(name_or_path: str | Path) -> ProfileData:
-    path = resolve_profile(name_or_path)
-    where = _display(path)
+def _read_meta(path: Path, where: str) -> Any:
+    """profile.yaml parsed; invalid YAML is one ProfileError naming the file and line."""
     try:
-        meta = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         at = f" at line {line + 1}" if line is not None else ""
         raise ProfileError(f"{where}: invalid YAML{at}") from None
+
+
+def read_profile(name_or_path: str | Path) -> ProfileData:
+    path = resolve_profile(name_or_path)
+    where = _display(path)
+    meta = _read_meta(path, where)
     problems = validate_meta(meta)
     if problems:
         raise ProfileError(f"{where}: {problems[0]}")
@@ -498,10 +503,9 @@ def validate_profile(name_or_path: str | Path) -> list[str]:
     path = resolve_profile(name_or_path)
     where = _display(path)
     try:
-        meta = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        return [f"{where}: invalid YAML" + (f" at line {line + 1}" if line is not None else "")]
+        meta = _read_meta(path, where)
+    except ProfileError as exc:
+        return [str(exc)]
     problems = [f"{where}: {p}" for p in validate_meta(meta, strict=True)]
     tables = meta.get("tables") if isinstance(meta, dict) else None
     if not isinstance(tables, dict):
