@@ -169,3 +169,15 @@ def test_kv_blocks_by_hand(tiny):
 def test_linear_spec_still_works():
     model = load_cost_model({"kind": "linear", "step_base_s": 0.01})
     assert model.step_time((), 1, 10) == pytest.approx(0.01)
+
+
+def test_invalid_profile_yaml_is_one_line_naming_file_and_line(tmp_path):
+    from lmsim.profile.tables import validate_profile
+
+    folder = tmp_path / "gpu" / "model"
+    folder.mkdir(parents=True)
+    (folder / "profile.yaml").write_text("format: lmsim-profile/1\nhardware: [unclosed\n")
+    with pytest.raises(ProfileError, match=r"profile\.yaml: invalid YAML at line 3$"):
+        read_profile(folder)
+    [problem] = validate_profile(folder)
+    assert problem.endswith("profile.yaml: invalid YAML at line 3")
