@@ -79,3 +79,35 @@ def test_unsupported_kind_is_one_line_error(tmp_path: Path) -> None:
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "s" / "figures").exists()
+
+
+def test_keys_zipped_with_the_policy_label_lines_not_panels(tmp_path: Path) -> None:
+    """The canary's layout: LMetric on 2 instances vs Bailian (lambda 0.5, unset for LMetric)
+    on 3 is one panel with two lines, each naming its cluster size and lambda; a key that
+    varies independently of the policy (the rate) still makes panels."""
+    from lmsim.viz.runs import RunSet
+
+    raw = tiny_experiment(
+        sweep={"router.policy": ["lmetric", "bailian"], "router.params.lambda": [None, 0.5],
+               "cluster.num_instances": [2, 3], "workload.rate": [2.0, 3.0]},
+        zip=[["router.policy", "router.params.lambda", "cluster.num_instances"]],
+    )  # fmt: skip
+    raw["workload"]["generator"]["params"]["duration_s"] = 8
+    exp = write_experiment(tmp_path / "exp.yaml", raw)
+    assert run_sweep(exp, out=tmp_path / "s", jobs=1, progress=False).exit_code == 0
+    data = RunSet(tmp_path / "s")
+    assert data.facet_keys() == ["workload.rate"]
+    assert len(data.facets()) == 2
+    labels = sorted({data.series_label(row) for _, row in data.index.iterrows()})
+    assert labels == ["bailian, lambda=0.5, num_instances=3", "lmetric, num_instances=2"]
+
+
+def test_as_text_treats_missing_values_alike() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from lmsim.viz.runs import as_text
+
+    column = pd.Series([np.nan, 0.5, None, np.int64(2), np.float64(1.0), True], dtype=object)
+    assert as_text(column).tolist() == ["null", "0.5", "null", "2", "1.0", "true"]
+    assert as_text(pd.Series([np.nan, 0.15])).nunique() == 2

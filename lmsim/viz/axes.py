@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -34,3 +35,9 @@ def set_scale(ax: Any, axis: str, values: np.ndarray) -> None:
     else:
         setter("linear")
         target.set_major_formatter(FuncFormatter(plain_number))
+
+
+def panel_title(ax: Any, title: str, width: int = 60) -> None:
+    """A panel title wrapped to the panel: long titles would otherwise run into the next
+    panel's (the canary's cluster sizes and sample flags made two titles overlap)."""
+    ax.set_title(textwrap.fill(title, width=width, break_long_words=False), fontsize=9)

@@ -32,8 +32,8 @@ from matplotlib.ticker import FuncFormatter
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
 from lmsim.study.index import RATE_KEYS
 from lmsim.viz.axes import plain_number as _plain
-from lmsim.viz.axes import set_scale
-from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, short_key
+from lmsim.viz.axes import panel_title, set_scale
+from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot")
@@ -146,7 +146,7 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
             ax.set_ylabel("CDF")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
-            ax.set_title(title, fontsize=9)
+            panel_title(ax, title)
         _legend(row_axes[-1], data, loc="lower right")
     fig.tight_layout()
     return fig
@@ -187,7 +187,7 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
             ax.set_xlabel(x_label)
             ax.set_ylabel(name)
             ax.grid(alpha=0.3)
-            ax.set_title(title, fontsize=9)
+            panel_title(ax, title, width=45)
         _legend(row_axes[-1], data)
     fig.tight_layout()
     return fig
@@ -202,8 +202,8 @@ def _free(data: RunSet, key: str) -> bool:
     if key not in data.index:
         return False
     if not others:
-        return data.index[key].astype(str).nunique() > 1
-    return bool((data.index.groupby(others, dropna=False)[key].agg(lambda c: c.astype(str).nunique()) > 1).any())
+        return as_text(data.index[key]).nunique() > 1
+    return bool((data.index.groupby(others, dropna=False)[key].agg(lambda c: as_text(c).nunique()) > 1).any())
 
 
 _RATE_LABELS = {"workload.load": "load (fraction of capacity)", "workload.rate": "arrival rate (req/s)",
@@ -362,7 +362,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     same = data.index
     for k in facet_keys:
         value = data.index.loc[data.index["run"] == detector, k].iloc[0]
-        same = same[same[k].astype(str) == str(value)]
+        same = same[as_text(same[k]) == as_text(pd.Series([value])).iloc[0]]
     req = data.requests(detector)
     end_s = float(np.nanmax(req["arrived_at"])) if len(req) else 0.0
     ev = data.events(detector)

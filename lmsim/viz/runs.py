@@ -34,6 +34,18 @@ class PlotError(LmsimError):
     """The results cannot support the requested figure or table."""
 
 
+def as_text(column: pd.Series) -> pd.Series:
+    """Values as comparable text, missing ones as "null". `astype(str)` is not enough: pandas
+    3 keeps NaN missing where pandas 2 wrote "nan", so a key null for one policy and set for
+    another (the canary's lambda) would vary under one pandas and not the other."""
+    values = [v.item() if isinstance(v, np.generic) else v for v in column]
+    return pd.Series([format_value(None if _missing(v) else v) for v in values], index=column.index, dtype=object)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, (float, np.floating)) and np.isnan(value))
+
+
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Dotted keys to scalar values; lists become their compact text."""
     flat: dict[str, Any] = {}
@@ -185,14 +197,30 @@ class RunSet:
     # -- labels ---------------------------------------------------------------------------
 
     def varying(self, keys: list[str]) -> list[str]:
-        return [k for k in keys if k in self.index and self.index[k].astype(str).nunique() > 1]
+        return [k for k in keys if k in self.index and as_text(self.index[k]).nunique() > 1]
 
     def series_keys(self) -> list[str]:
-        return [k for k in self.keys if k.startswith("router.")]
+        """Router keys, plus any other key that moves with them (zipped with the policy, as
+        in the canary: LMetric on 6 instances vs Bailian on 12): those belong to the line,
+        not to a panel of their own."""
+        router = [k for k in self.keys if k.startswith("router.")]
+        return router + self._bound_to(router)
+
+    def _bound_to(self, router: list[str]) -> list[str]:
+        """Varying non-router keys that are constant within every combination of the varying
+        router keys (so each line has one value of them)."""
+        lines = self.varying(router)
+        if not lines:
+            return []
+        candidates = self.varying([k for k in self.keys if not k.startswith("router.") and k != SEED_KEY])
+        text = pd.DataFrame({k: as_text(self.index[k]) for k in lines + candidates})
+        per_line = text.groupby(lines, sort=False, dropna=False)
+        return [k for k in candidates if (per_line[k].nunique() == 1).all()]
 
     def facet_keys(self, exclude: tuple[str, ...] = ()) -> list[str]:
+        bound = self._bound_to([k for k in self.keys if k.startswith("router.")])
         return self.varying([k for k in self.keys if not k.startswith("router.") and k != SEED_KEY
-                             and k not in exclude])  # fmt: skip
+                             and k not in exclude and k not in bound])  # fmt: skip
 
     def has_seeds(self) -> bool:
         return bool(self.varying([SEED_KEY]))
@@ -242,7 +270,7 @@ class RunSet:
         described = {"workload.generator.name", "workload.trace", "cluster.profile", *RATE_KEYS,
                      "workload.generator.params.num_requests", "workload.limit"}  # fmt: skip
         for k in self.facet_keys(exclude):
-            if k not in described and frame[k].astype(str).nunique() == 1:
+            if k not in described and as_text(frame[k]).nunique() == 1:
                 words.append(f"{short_key(k)}={fmt(frame[k].iloc[0])}")
         return ", ".join(words)
 
