@@ -31,8 +31,8 @@ from matplotlib.ticker import FuncFormatter
 
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
 from lmsim.study.index import RATE_KEYS
-from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.axes import panel_title, set_scale
+from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
