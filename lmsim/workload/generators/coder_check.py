@@ -5,6 +5,7 @@ Each statistic must lie within the spread two disjoint random halves of the real
 show (`compare.split_tolerance` over all of them), at every seed checked.
 
     python -m lmsim.workload.generators.coder_check TRACE [--seeds 0,1] [--sessions 800]
+        [--split-seed 0]
 
 TRACE is the WEKA Claude Code file (`claude_code_traces.jsonl.gz`) or its canonical
 parquet conversion. Prints one comparison table per seed. Exits 0 when every statistic is
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--sessions", type=int, default=800)
+    parser.add_argument("--split-seed", type=int, default=0, help="which random half is fitted")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         seeds = tuple(int(x) for x in args.seeds.split(","))
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LmsimError, OSError) as exc:
         print(f"{args.trace}: {exc}", file=sys.stderr)
         return 2
-    results = holdout_check(real, seeds=seeds, num_sessions=args.sessions)
+    results = holdout_check(real, seeds=seeds, num_sessions=args.sessions, split_seed=args.split_seed)
     ok = True
     for seed, rows in results.items():
         print(format_comparison(rows, "real: held-out half", f"coder fitted on the other half, seed {seed}"))
