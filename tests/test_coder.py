@@ -26,7 +26,13 @@ from lmsim.workload.compare import (
 from lmsim.workload.formats import load_trace
 from lmsim.workload.generators import coder as coder_module
 from lmsim.workload.generators import generate
-from lmsim.workload.trace import Trace
+from lmsim.workload.generators.coder_fit import (
+    divergence_blocks,
+    load_calibration,
+    save_calibration,
+    threshold_survival,
+)
+from lmsim.workload.trace import Trace, chain_roots
 
 FIXTURE = Path(__file__).parent / "fixtures" / "coder_real_stats.json"
 REPO = Path(__file__).resolve().parents[1]
@@ -91,24 +97,95 @@ def test_compare_and_tolerance():
     assert "13 of 13 statistics indistinguishable" in text
 
 
+def test_divergence_and_threshold_survival_by_hand():
+    t = hand_trace()
+    # row 2 re-sends both blocks of row 0; row 4 (a shrink) the one it has; row 5 row 1's one
+    np.testing.assert_array_equal(divergence_blocks(t, np.array([2, 4, 5]), np.array([0, 2, 1])), [2, 1, 1])
+    t.hash_values = t.hash_values.copy()
+    t.hash_values[t.hash_offsets[2] + 1] = 99  # row 2 rewrites row 0's second block
+    np.testing.assert_array_equal(divergence_blocks(t, np.array([2]), np.array([0])), [1])
+    # segments (start, end, compacted at end): A 10-100 yes, B 10-50 no, C 60-200 yes,
+    # D 150-300 no. At 100: A and C at risk (B ended, D not started), 1 event: S = 1/2;
+    # at 200: C and D at risk, 1 event: S = 1/4
+    levels, cdf = threshold_survival(np.array([10, 10, 60, 150]), np.array([100, 50, 200, 300]),
+                                     np.array([True, False, True, False]))
+    np.testing.assert_array_equal(levels, [100, 200])
+    np.testing.assert_allclose(cdf, [0.5, 0.75])
+
+
 def test_generator_block_rule_and_subagents():
     t = generate("coder", {"num_sessions": 200, "block_size": 64, "max_context_tokens": None}, seed=3)
-    assert t.meta["generator_version"] == str(coder_module.VERSION) == "3"
+    assert t.meta["generator_version"] == str(coder_module.VERSION) == "4"
     p = t.parent_id
     rows = np.flatnonzero(p >= 0)
     grows = rows[t.input_tokens[rows] >= t.input_tokens[p[rows]]]
-    for r in grows:
-        # the prompt starts with every complete block of the previous prompt; the ids
-        # after it stand for the previous output and the append
-        keep = t.input_tokens[p[r]] // 64
-        np.testing.assert_array_equal(t.hash_ids(r)[:keep], t.hash_ids(p[r])[:keep])
-        assert len(t.hash_ids(r)) > keep or t.input_tokens[r] < (keep + 1) * 64
+    kept = divergence_blocks(t, grows, p[grows])
+    full = t.input_tokens[p[grows]] // 64
+    rewrites = kept < full
+    # most steps re-send every complete block of the previous prompt; 6.2% of real ones
+    # rewrite some (a Bernoulli count over these steps stays well inside 3-10%)
+    assert 0.03 < rewrites.mean() < 0.10, rewrites.mean()
+    grand = p[p[grows]]
+    parent_kept = np.zeros(len(grows), dtype=np.int64)
+    has = grand >= 0
+    parent_kept[has] = divergence_blocks(t, p[grows][has], grand[has])
+    for j in np.flatnonzero(rewrites):
+        r = grows[j]
+        # deep: only (part of) the tools+system prefix is kept (at most 15,930 tokens);
+        # tail: never before the previous step's own fresh ids
+        assert kept[j] * 64 <= 15930 or kept[j] >= min(parent_kept[j], full[j])
+        earlier = np.concatenate([t.hash_ids(int(x)) for x in np.flatnonzero(t.session_id == t.session_id[r])
+                                  if x < r])
+        # rewritten blocks are fresh, except that a deep rewrite restarts from the whole
+        # shared prefix (<= 249 blocks), which an earlier deep rewrite may have cut shorter
+        assert not np.isin(t.hash_ids(r)[max(kept[j], 249):full[j]], earlier).any()
+    for j in np.flatnonzero(~rewrites):
+        r = grows[j]
+        assert len(t.hash_ids(r)) > full[j] or t.input_tokens[r] < (full[j] + 1) * 64
     sub_first = np.flatnonzero((p < 0) & (t.after_id >= 0))
     assert len(sub_first) > 0  # sub-agents spawned by a parent step
     assert (t.session_id[t.after_id[sub_first]] == t.session_id[sub_first]).all()
     assert (t.delay_s[sub_first] == 0.5).all()
     parent_ids = {int(t.hash_ids(int(a))[0]) for a in t.after_id[sub_first]}
     assert not parent_ids & {int(t.hash_ids(int(r))[0]) for r in sub_first}  # own prefix
+
+
+def test_compaction_threshold_is_per_chain(tmp_path: Path):
+    """With one compaction level (50K, P(T <= 50K) = 1/2) and no small shrinks, a chain
+    either compacts when its prompt reaches 50K or never does."""
+    cal = load_calibration(coder_module.shipped_calibration_path())
+    cal.update(compact_levels=[50000.0], compact_cdf=[0.5],
+               shrink_prob_by_input=[0.0] * len(cal["shrink_prob_by_input"]))
+    path = tmp_path / "cal.json"
+    save_calibration(cal, path)
+    t = generate("coder", {"num_sessions": 300, "block_size": 4096, "max_context_tokens": None,
+                           "calibration": str(path)}, seed=2)
+    p = t.parent_id
+    root = chain_roots(p)
+    rows = np.flatnonzero(p >= 0)
+    shrinks = t.input_tokens[rows] < t.input_tokens[p[rows]]
+    over = t.input_tokens[p[rows]] >= 50000
+    first_over: dict[int, bool] = {}  # chain -> did its first prompt >= 50K compact
+    for r, s_, o in zip(rows, shrinks, over, strict=True):
+        if o:
+            first_over.setdefault(int(root[r]), bool(s_))
+    assert not (shrinks & ~over).any()  # only a prompt at the threshold compacts
+    never = {c for c, s_ in first_over.items() if not s_}
+    assert not any(s_ for r, s_ in zip(rows, shrinks, strict=True) if int(root[r]) in never)
+    compacting = set(first_over) - never
+    # a compacting chain compacts whenever a segment that started below 50K reaches it:
+    # after a prompt >= 50K that grew from one below
+    pp = np.where(p[p[rows]] >= 0, p[p[rows]], p[rows])
+    crossed = over & (t.input_tokens[pp] < 50000)
+    in_compacting = np.isin(root[rows], list(compacting))
+    assert (crossed & in_compacting).sum() > 20
+    assert shrinks[crossed & in_compacting].all()
+    # about half of the chains that start below 50K, as P(T <= 50K) says (one that
+    # starts above draws T above its start: past the last level, so never)
+    below = {c for c in first_over if t.input_tokens[c] < 50000}
+    share = len(compacting & below) / len(below)
+    assert 0.35 < share < 0.65, share
+    assert not compacting - below
 
 
 def test_window_compacts():
@@ -121,20 +198,28 @@ def test_window_compacts():
 
 def test_generator_against_real_fixture():
     """Seeds 0 and 1 against the committed statistics of the 572 real sessions, with the
-    split-half tolerance. Input quantiles and the aggregate miss ratio are known to be
-    outside (see the issue note); everything else must be inside."""
+    split-half tolerance: every statistic inside except input p10 (0.83-0.87x: medium-long
+    sessions spend too many early steps below 41K, see the note of issue 15) and the
+    sub-agent ones (checked only by the split of 13 spawning sessions, tolerances 2-9x)."""
     ref = json.loads(FIXTURE.read_text())
-    known_off = {"input", "miss_ratio", "miss_ratio_all", "compaction_share"}
+
+    def check(stats: dict[str, float], keys: list[str], seed: int) -> None:
+        for key in keys:
+            want = ref["statistics"][key]
+            r = stats[key] / want if want else 1.0
+            assert max(r, 1 / r) <= ref["tolerance"][key], (seed, key, stats[key], want)
+
+    coarse = [k for k in ref["statistics"] if k != "input_p10"
+              and not k.startswith("subagent") and not k.startswith("miss")]
     for seed in (0, 1):
-        # miss ratios are not checked here, so coarse blocks keep the id arrays small
-        g = statistics(session_samples(generate(
-            "coder", {"num_sessions": 600, "block_size": 4096, "max_context_tokens": None}, seed=seed)))
-        for key, want in ref["statistics"].items():
-            stat = key.rsplit("_p", 1)[0] if key[-1].isdigit() else key
-            if stat in known_off or stat.startswith("subagent"):
-                continue
-            r = g[key] / want if want else 1.0
-            assert max(r, 1 / r) <= ref["tolerance"][key], (seed, key, g[key], want)
+        # coarse blocks keep the id arrays small for everything but the miss ratios
+        check(statistics(session_samples(generate(
+            "coder", {"num_sessions": 600, "block_size": 4096, "max_context_tokens": None}, seed=seed))),
+            coarse, seed)
+    # the miss ratios at the real trace's 64-token blocks, on about a half's sessions
+    check(statistics(session_samples(generate(
+        "coder", {"num_sessions": 300, "block_size": 64, "max_context_tokens": None}, seed=0))),
+        [k for k in ref["statistics"] if k.startswith("miss")], 0)
 
 
 def test_claude_code_error_names_line_and_request(tmp_path: Path):
@@ -169,24 +254,20 @@ def test_subagent_starts_at_its_start(tmp_path: Path):
 
 @pytest.mark.slow
 def test_real_sessions_fit_half_check_other_half():
-    """Fit on one random half of the real sessions, generate, compare with the other half."""
+    """Fit on one random half of the real sessions, generate at seeds 0 and 1, compare with
+    the other half (`python -m lmsim.workload.generators.coder_check` prints the tables).
+    Known outside: input p10 (as in the fixture test) and the shrink after/before p90,
+    where this split's halves themselves differ by the tolerance (0.93 vs 0.99, the
+    largest deviation over 200 splits) and the generator follows the half it was fitted
+    on; both must stay within 1.15x of their tolerance."""
     path = real_trace_path()
     if path is None:
         pytest.skip("../shared/traces/weka-claude-code is not here")
-    from lmsim.workload.generators.coder_fit import fit_coder, save_calibration
+    from lmsim.workload.generators.coder_check import holdout_check
 
-    real = load_trace(path)
-    ns = len(np.unique(real.session_id))
-    half = np.zeros(ns, dtype=bool)
-    half[np.random.default_rng(0).permutation(ns)[: ns // 2]] = True
-    samples = session_samples(real)
-    tol = split_tolerance(samples)
-    cal = Path(os.environ.get("TMPDIR", "/tmp")) / "coder_half.json"
-    save_calibration(fit_coder(real, half), cal)
-    gen = session_samples(generate("coder", {"num_sessions": 600, "block_size": 64,
-                                             "max_context_tokens": None, "calibration": str(cal)}, seed=0))
-    other = statistics(samples, ~half)
-    mine = statistics(gen)
-    inside = {k: max(mine[k] / other[k], other[k] / mine[k]) <= tol[k]
-              for k in other if other[k] and mine[k] and not math.isnan(other[k])}
-    assert sum(inside.values()) >= 0.8 * len(inside), inside
+    for seed, rows in holdout_check(load_trace(path), seeds=(0, 1)).items():
+        for r in rows:
+            if r.key in ("input_p10", "compaction_ratio_p90"):
+                assert r.ratio == 1.0 or max(r.ratio, 1 / r.ratio) <= 1.15 * r.tolerance, (seed, r)
+            else:
+                assert r.inside, (seed, r)

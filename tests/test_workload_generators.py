@@ -112,7 +112,11 @@ def test_coder_closed_loop():
     s = trace_stats(t)
     assert s["ideal_hit_ratio"] > 0.8  # within-session reuse plus the shared prefix
     assert s["output_p50"] == pytest.approx(216, rel=0.15)
-    assert s["prefix_d1_distinct"] <= 6  # 3 client variants, each a main and a sub-agent prefix
+    # 3 client variants, each a main and a sub-agent prefix, open the prompts; a few steps
+    # rewrite even the first block (0.1% of real growing steps do) and their sessions go on
+    # from it
+    _, counts = np.unique([int(t.hash_ids(r)[0]) for r in range(len(t))], return_counts=True)
+    assert np.sort(counts)[::-1][:6].sum() >= 0.97 * len(t)
 
 
 def test_split_lognormal_fit():

@@ -160,6 +160,18 @@ def session_samples(trace: Trace) -> SessionSamples:
     return SessionSamples(ns, trace.block_size, values, owner, per_session)
 
 
+def subset(samples: SessionSamples, mask: np.ndarray) -> SessionSamples:
+    """The samples of the sessions in `mask` alone, renumbered (a held-out set of sessions
+    to compare against, with `compare`)."""
+    keep = np.flatnonzero(mask)
+    renumber = np.full(samples.num_sessions, -1, dtype=np.int64)
+    renumber[keep] = np.arange(len(keep))
+    values = {k: v[mask[samples.owner[k]]] for k, v in samples.values.items()}
+    owner = {k: renumber[v[mask[v]]] for k, v in samples.owner.items()}
+    per_session = {k: v[mask] for k, v in samples.per_session.items()}
+    return SessionSamples(len(keep), samples.block_size, values, owner, per_session)
+
+
 def _share(num: float, den: float) -> float:
     return num / den if den else math.nan
 
