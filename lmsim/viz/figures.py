@@ -188,7 +188,8 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
             ax.set_ylabel(name)
             ax.grid(alpha=0.3)
             panel_title(ax, title, width=45)
-        _legend(row_axes[-1], data)
+        # Beside the row, not on it: lines fill every corner of these panels somewhere.
+        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     return fig
 
@@ -476,7 +477,7 @@ def make_figures(
     for kind, fig in figures:
         for f in formats:
             path = out_dir / f"{kind}.{f}"
-            save_figure(fig, path, dpi=150)
+            save_figure(fig, path, dpi=150, bbox_inches="tight")  # keeps legends placed outside
             written.append(path)
         plt.close(fig)
     return written
