@@ -78,6 +78,7 @@ class Pair:
         for p in probes:
             for cap in (0, 1, len(p) - 1, len(p)):
                 assert self.new_index.match_blocks(p, cap) == self.ref_index.match_blocks(p, cap)
+            assert list(map(self.new_index.holders, p)) == list(map(self.ref_index.holders, p))
 
 
 class Held:
