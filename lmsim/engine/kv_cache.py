@@ -457,6 +457,8 @@ class PrefixCache:
         (reused first) and to the back if it does (LRU), as vLLM 0.33's
         `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back."""
         named = keys[::-1]
+        if not isinstance(named, list):  # segments are lists: the queue edits them
+            named = list(named)
         anonymous = named.count(ANON)
         if anonymous:
             named = list(filter(_ANON_NE, named))
