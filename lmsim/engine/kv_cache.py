@@ -425,8 +425,12 @@ class PrefixCache:
         not lose the prefix."""
         run = hashes[first:last]
         cached = self._cached
-        if len(set(run)) == len(run) and cached.isdisjoint(run):
+        before = len(cached)
+        if cached.isdisjoint(run):
             cached.update(run)
+            if len(cached) - before < len(run):  # a hash repeated in the run: undo
+                cached.difference_update(run)
+        if len(cached) - before == len(run):
             self._used.update(run)
             keys[first:last] = run
         else:
