@@ -164,7 +164,8 @@ class PrefixCache:
     best of 3, alternating): Kimi trace (760-block requests) 0.57x with round robin, 0.61x
     with the Dynamo policy; chatbot/lmetric 5,000 requests 0.92x. A full radix tree would
     still have to hand each request its per-block keys (the scheduler's API), and the
-    per-block C-level work left here is ~150 ns a block over its lifetime.
+    per-block C-level work left here is 150-250 ns a block over its lifetime (allocate,
+    register, release, evict; 760-block requests, micro benchmark), against 1,000-1,500 ns.
     """
 
     def __init__(
