@@ -130,7 +130,7 @@ def test_a_negative_reference_count_is_reported(monkeypatch):
     sim = build(HASHED)
 
     def corrupt(s, _o):
-        s.cache._ref[1] = -1
+        s.cache._extra[1] = -2  # reference count 1 + extra holders
 
     after_commit(monkeypatch, sim.instances[0].scheduler, corrupt)
     with pytest.raises(InvariantError) as info:
@@ -144,7 +144,8 @@ def test_a_block_both_free_and_in_use_is_reported(monkeypatch):
     sim = build(HASHED)
 
     def corrupt(s, _o):
-        s.cache._free[1] = None  # hash 1 is held by request 0
+        s.cache._segments.append([1])  # hash 1 is held by request 0
+        s.cache._num_free_entries += 1
 
     after_commit(monkeypatch, sim.instances[0].scheduler, corrupt)
     with pytest.raises(InvariantError) as info:

@@ -7,6 +7,7 @@ the same pool state after every step."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_kv import ReferenceGlobalIndex, ReferencePrefixCache
@@ -41,6 +42,9 @@ class Pair:
             PrefixCache(num_blocks, 16, i, self.new_index, [lambda *e: self.new_events.append(e)])
             for i in range(NUM_INSTANCES)
         ]
+        # Instance 0 compacts its free queue whenever a touch leaves a stale occurrence in
+        # it; instance 1 keeps them (the default slack), so both paths are compared.
+        self.new[0]._compact_slack = -(10**9)
         self.ref = [
             ReferencePrefixCache(num_blocks, 16, i, self.ref_index, [lambda *e: self.ref_events.append(e)])
             for i in range(NUM_INSTANCES)
@@ -60,10 +64,11 @@ class Pair:
         for new, ref in zip(self.new, self.ref):
             assert new.num_free_blocks == ref.num_free_blocks
             assert new.num_evictions == ref.num_evictions
-            assert new._ref == ref._ref
-            assert list(new._free) == list(ref._free)
-            assert new._plain_free == ref._plain_free
-            assert new._copies == ref._copies
+            assert new.refcounts() == ref._ref
+            assert new.free_queue() == list(ref._free)
+            assert new.num_plain_free == ref._plain_free
+            assert new.entries() == ref._copies
+            assert new.free_entries(len(ref._free)) == ref.free_entries(len(ref._free))
             assert new._dup_hash == ref._dup_hash
             assert new._next_dup == ref._next_dup
             assert new.free_entries(5) == ref.free_entries(5)
@@ -73,6 +78,7 @@ class Pair:
         for p in probes:
             for cap in (0, 1, len(p) - 1, len(p)):
                 assert self.new_index.match_blocks(p, cap) == self.ref_index.match_blocks(p, cap)
+            assert list(map(self.new_index.holders, p)) == list(map(self.ref_index.holders, p))
 
 
 class Held:
@@ -147,3 +153,62 @@ def test_run_cache_equals_block_by_block_reference(num_blocks, operations):
     for h in held:
         pair.call(h.inst, "release", h.keys, h.decode_blocks)
     pair.assert_same_state(probes)
+
+
+@pytest.mark.parametrize("inst", range(NUM_INSTANCES))
+def test_run_paths_that_random_sequences_rarely_reach(inst):
+    """Hand-built sequences for the rare paths, on both instances (compacting and not): many
+    stale occurrences evicted at once, a request whose shared blocks are not its leading
+    ones, a key held twice by one request, and a repeated hash hit on a free block."""
+    pair = Pair(12)
+    step = 0
+
+    def do(name, *args):
+        nonlocal step
+        out = pair.call(inst, name, *args)
+        pair.assert_same_state([[1, 2, 3], [5, 5, 6], list(range(10, 19))])
+        step += 1
+        return out
+
+    # Many stale occurrences in one evicted run: A's 9 entries are freed, B hits 7 of
+    # them and is freed too; evicting everything skips A's 7 stale occurrences.
+    # Then the same with a few stale occurrences.
+    run = list(range(10, 19))
+    for hits in (7, 2):
+        a = do("allocate", 9)
+        do("register_range", run, a, 0, 9)
+        do("release", tuple(a))  # any sequence of keys
+        b = do("touch", run, hits) + do("allocate", 1)
+        do("register_range", run, b, hits, hits + 1)
+        do("release", b)
+        do("allocate", pair.ref[inst].num_free_blocks)
+        do("release", [ANON] * 12)
+    # Shared blocks in the middle: C holds entry 1; A computed 1 again (a duplicate),
+    # 2 and 3; B hits 1 (C's, the oldest) and A's 2. A's release frees 3 and its
+    # duplicate of 1 around the shared 2.
+    c = do("allocate", 1)
+    do("register_range", [1], c, 0, 1)
+    a = do("allocate", 3)
+    do("register_range", [1, 2, 3], a, 0, 3)
+    b = do("touch", [1, 2, 3], 2)
+    for keys in (a, b, c):
+        do("release", keys)
+    # A key held twice by one request: hash 5 twice in a prompt; B hits both on entry 5.
+    a = do("allocate", 3)
+    do("register_range", [5, 5, 6], a, 0, 3)
+    b = do("touch", [5, 5, 6], 3)
+    c = do("touch", [5, 5, 6], 2)
+    e = do("allocate", 1)
+    do("register_range", [5], e, 0, 1)  # a third entry of hash 5
+    for keys in (b, a, c, e):
+        do("release", keys)
+    # The same, hit while free: the first hit takes entry 5 out of the queue.
+    assert do("num_free_among", [5, 5, 6], 3) == 3
+    b = do("touch", [5, 5, 6], 3)
+    do("release", b)
+    # Evict part of the first freed run (A's 3 and its duplicate of 1: entry 1 is the
+    # only copy left), then everything.
+    do("allocate", pair.ref[inst].num_plain_free + 1)
+    do("allocate", 1)
+    do("allocate", pair.ref[inst].num_free_blocks)
+    assert step == 42
