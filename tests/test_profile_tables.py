@@ -98,6 +98,40 @@ def test_decode_run_times_equal_step_time_bit_for_bit(name, batch, first, steps)
         assert run[k] == single, (k, run[k], single)
 
 
+def _vectorised_run_times(model: TableCostModel, batch: int, first: int, steps: int) -> np.ndarray:
+    """The numpy form `decode_run_durations` replaced: every step located by searchsorted."""
+    from lmsim.profile.tables import _locate_vec
+
+    if batch == 0:
+        return np.full(steps, float(model._base(0, 0)))
+    base, row, _ = model._decode_row(batch)
+    row_arr = np.array(row)
+    context = first + batch * np.arange(steps, dtype=np.int64)
+    j, wc = _locate_vec(np.array(model._da_c), context.astype(np.float64))
+    return base + (row_arr[j] * (1.0 - wc) + row_arr[j + 1] * wc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from([*SHIPPED[:2], "tiny"]),
+    batch=st.integers(0, 3000),
+    first=st.integers(0, 50_000_000),
+    steps=st.integers(1, 200),
+)
+def test_run_durations_walk_equals_the_vectorised_reference(name, batch, first, steps):
+    model = load_table_profile(TINY if name == "tiny" else name)
+    walked = model.decode_run_durations(batch, first, steps)
+    assert isinstance(walked, list) and len(walked) == steps
+    assert walked == _vectorised_run_times(model, batch, first, steps).tolist()
+
+
+def test_run_durations_cross_grid_points_below_and_above(tiny):
+    # tiny's decode context grid is 0..10000: start below 0 is impossible, so walk from inside
+    # across every column and past the last one (extrapolation)
+    steps = [tiny.step_time((), 3, 1 + 3 * k) for k in range(5000)]
+    assert tiny.decode_run_durations(3, 1, 5000) == steps
+
+
 def _copy_tiny(tmp_path: Path) -> Path:
     dst = tmp_path / "bad"
     shutil.copytree(TINY, dst)

@@ -82,6 +82,8 @@ class InstanceScheduler:
         self.cache = cache
         self.cost_model = cost_model
         self._grid_check = getattr(cost_model, "steps_outside_grid", None)
+        # A list-returning twin of decode_run_times spares a numpy round trip per run.
+        self._run_durations = getattr(cost_model, "decode_run_durations", None)
         self.num_outside_grid = 0  # committed steps priced outside the profile's grid
         self.block_size = cache.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -224,7 +226,10 @@ class InstanceScheduler:
             if k > 1 and self.waiting:
                 k = self._steps_head_stays_blocked(s, k)
         context0 = self.decode_context_tokens
-        durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
+        if self._run_durations is not None:
+            durations = self._run_durations(num_dec, context0, k)
+        else:
+            durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
         self._run_end = s + k
         return StepPlan(
             s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0,

@@ -173,6 +173,11 @@ class TableCostModel:
             "prefill cached context": (self._pa_c[0], self._pa_c[-1]),
         }
         self._warned_outside = False
+        b = self._bounds
+        self._flat_bounds = (
+            *b["tokens"], *b["seqs"], *b["decode batch"], *b["decode total context"],
+            *b["prefill chunk tokens"], *b["prefill cached context"],
+        )
 
     def __repr__(self) -> str:
         return f"TableCostModel({self.name!r}, source={self.data.source!r})"
@@ -238,27 +243,42 @@ class TableCostModel:
         self, num_decodes: int, first_context_tokens: int, num_steps: int
     ) -> np.ndarray:
         # Same operations in the same order as step_time((), B, C0 + k*B), element-wise.
+        return np.array(self.decode_run_durations(num_decodes, first_context_tokens, num_steps))
+
+    def decode_run_durations(
+        self, num_decodes: int, first_context_tokens: int, num_steps: int
+    ) -> list[float]:
+        """`decode_run_times` as a list of floats, the engine's form. The context grows by
+        `num_decodes` per step, so the grid segment only moves forward: one walk replaces a
+        bisect per step, and plain floats replace numpy, whose per-call cost dominated runs of
+        a few dozen steps (the vectorised form is kept in the tests as the reference). The
+        arithmetic is `_decode_attention`'s, so the bits are step_time's."""
         if num_decodes == 0:
-            return np.full(num_steps, float(self._base(0, 0)))
-        base, row, row_arr = self._decode_row(num_decodes)
+            return [float(self._base(0, 0))] * num_steps
+        base, row, _ = self._decode_row(num_decodes)
         xs = self._da_c
-        if num_steps <= 24:
-            # numpy's per-call overhead dominates short runs; plain floats give the same bits.
-            out = []
-            last = len(xs) - 2
-            for k in range(num_steps):
-                x = first_context_tokens + num_decodes * k
-                if x < xs[0]:
-                    x = xs[0]
-                j = bisect_right(xs, x) - 1
-                if j > last:
-                    j = last
-                wc = (x - xs[j]) / (xs[j + 1] - xs[j])
-                out.append(base + (row[j] * (1.0 - wc) + row[j + 1] * wc))
-            return np.array(out)
-        context = first_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
-        j, wc = _locate_vec(self._da_cx, context.astype(np.float64))
-        return base + (row_arr[j] * (1.0 - wc) + row_arr[j + 1] * wc)
+        last = len(xs) - 2
+        x0 = xs[0]
+        x = first_context_tokens
+        j = bisect_right(xs, x if x > x0 else x0) - 1
+        if j > last:
+            j = last
+        lo, hi, r0, r1 = xs[j], xs[j + 1], row[j], row[j + 1]
+        span = hi - lo
+        out = []
+        for _ in range(num_steps):
+            if x < x0:
+                wc = (x0 - lo) / span
+            else:
+                if x >= hi and j < last:
+                    while j < last and xs[j + 1] <= x:
+                        j += 1
+                    lo, hi, r0, r1 = xs[j], xs[j + 1], row[j], row[j + 1]
+                    span = hi - lo
+                wc = (x - lo) / span
+            out.append(base + (r0 * (1.0 - wc) + r1 * wc))
+            x += num_decodes
+        return out
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         pool = gpu_memory_utilization * self._mem_gib * GIB - self._weights - self._overhead_gib * GIB
@@ -300,6 +320,36 @@ class TableCostModel:
         above = num_steps - max(0, min(num_steps, int(inside_to) + 1)) if inside_to >= 0 else num_steps
         return min(num_steps, below + above)
 
+    def _inside_grid(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]],
+        num_decodes: int,
+        decode_context_tokens: int,
+        num_steps: int,
+    ) -> bool:
+        """The engine's per-commit check in its common case: every looked-up value inside the
+        grid (then `steps_outside_grid` is 0). Plain comparisons against the bounds; any
+        doubt falls back to the full count."""
+        t_lo, t_hi, s_lo, s_hi, b_lo, b_hi, c_lo, c_hi, q_lo, q_hi, k_lo, k_hi = self._flat_bounds
+        if not prefill_chunks:
+            last = decode_context_tokens + num_decodes * (num_steps - 1)
+            return (
+                t_lo <= num_decodes <= t_hi and s_lo <= num_decodes <= s_hi
+                and b_lo <= num_decodes <= b_hi
+                and c_lo <= decode_context_tokens and last <= c_hi
+            )
+        tokens = num_decodes
+        for q, c in prefill_chunks:
+            if not (q_lo <= q <= q_hi and k_lo <= c <= k_hi):
+                return False
+            tokens += q
+        seqs = num_decodes + len(prefill_chunks)
+        if not (t_lo <= tokens <= t_hi and s_lo <= seqs <= s_hi):
+            return False
+        return not num_decodes or (
+            b_lo <= num_decodes <= b_hi and c_lo <= decode_context_tokens <= c_hi
+        )
+
     def steps_outside_grid(
         self,
         prefill_chunks: Sequence[tuple[int, int]],
@@ -311,6 +361,8 @@ class TableCostModel:
         num_decodes, decode_context_tokens)`, later ones with each decode's context one token
         longer, as in `decode_run_times`) leave the grid. Warns once per profile."""
         if not prefill_chunks and not num_decodes:
+            return 0
+        if self._inside_grid(prefill_chunks, num_decodes, decode_context_tokens, num_steps):
             return 0
         first = self.outside_grid(prefill_chunks, num_decodes, decode_context_tokens)
         if num_steps <= 1 or prefill_chunks or not num_decodes:
