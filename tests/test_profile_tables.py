@@ -98,6 +98,24 @@ def test_decode_run_times_equal_step_time_bit_for_bit(name, batch, first, steps)
         assert run[k] == single, (k, run[k], single)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from([*SHIPPED[:2], "tiny"]),
+    chunks=st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 200_000)), max_size=4),
+    batch=st.integers(0, 3000),
+    context=st.integers(0, 50_000_000),
+)
+def test_step_time_equals_its_components_bit_for_bit(name, chunks, batch, context):
+    """step_time inlines the component lookups; the components are the reference."""
+    model = load_table_profile(TINY if name == "tiny" else name)
+    t = model._base(batch + len(chunks), batch + sum(q for q, _ in chunks))
+    if batch:
+        t = t + model._decode_attention(batch, context)
+    for q, c in chunks:
+        t = t + model._prefill_attention(q, c)
+    assert model.step_time(chunks, batch, context) == t
+
+
 def _vectorised_run_times(model: TableCostModel, batch: int, first: int, steps: int) -> np.ndarray:
     """The numpy form `decode_run_durations` replaced: every step located by searchsorted."""
     from lmsim.profile.tables import _locate_vec

@@ -211,16 +211,56 @@ class TableCostModel:
         num_decodes: int,
         decode_context_tokens: int,
     ) -> float:
+        # `_base`, `_decode_attention` and `_prefill_attention` inlined (the router prices
+        # 16 steps per llmd decision): the same operations in the same order, so the same bits.
         seqs = num_decodes
         tokens = num_decodes
         for q, _ in prefill_chunks:
             seqs += 1
             tokens += q
-        t = self._base(seqs, tokens)
+        xs = self._tok_xl
+        x = tokens if tokens >= xs[0] else xs[0]
+        i = bisect_right(xs, x) - 1
+        if i > len(xs) - 2:
+            i = len(xs) - 2
+        w = (x - xs[i]) / (xs[i + 1] - xs[i])
+        ys = self._tok_yl
+        t = self._fixed + (ys[i] * (1.0 - w) + ys[i + 1] * w)
+        xs = self._seq_xl
+        x = seqs if seqs >= xs[0] else xs[0]
+        i = bisect_right(xs, x) - 1
+        if i > len(xs) - 2:
+            i = len(xs) - 2
+        w = (x - xs[i]) / (xs[i + 1] - xs[i])
+        ys = self._seq_yl
+        t = t + (ys[i] * (1.0 - w) + ys[i + 1] * w) + self._cpt * tokens
         if num_decodes:
-            t = t + self._decode_attention(num_decodes, decode_context_tokens)
-        for q, c in prefill_chunks:
-            t = t + self._prefill_attention(q, c)
+            row = (self._rows.get(num_decodes) or self._decode_row(num_decodes))[1]
+            xs = self._da_c
+            x = decode_context_tokens if decode_context_tokens >= xs[0] else xs[0]
+            j = bisect_right(xs, x) - 1
+            if j > len(xs) - 2:
+                j = len(xs) - 2
+            wc = (x - xs[j]) / (xs[j + 1] - xs[j])
+            t = t + (row[j] * (1.0 - wc) + row[j + 1] * wc)
+        if prefill_chunks:
+            pq, pc, pa = self._pa_q, self._pa_c, self._pa
+            q_last, c_last = len(pq) - 2, len(pc) - 2
+            for q, c in prefill_chunks:
+                x = q if q >= pq[0] else pq[0]
+                i = bisect_right(pq, x) - 1
+                if i > q_last:
+                    i = q_last
+                wq = (x - pq[i]) / (pq[i + 1] - pq[i])
+                x = c if c >= pc[0] else pc[0]
+                j = bisect_right(pc, x) - 1
+                if j > c_last:
+                    j = c_last
+                wc = (x - pc[j]) / (pc[j + 1] - pc[j])
+                lo, hi = pa[i], pa[i + 1]
+                r0 = lo[j] * (1.0 - wc) + lo[j + 1] * wc
+                r1 = hi[j] * (1.0 - wc) + hi[j + 1] * wc
+                t = t + (r0 * (1.0 - wq) + r1 * wq)
         return float(t)
 
     def _decode_row(self, num_decodes: int) -> tuple[float, list[float], np.ndarray]:
