@@ -143,11 +143,21 @@ def test_run_durations_walk_equals_the_vectorised_reference(name, batch, first, 
     assert walked == _vectorised_run_times(model, batch, first, steps).tolist()
 
 
-def test_run_durations_cross_grid_points_below_and_above(tiny):
-    # tiny's decode context grid is 0..10000: start below 0 is impossible, so walk from inside
-    # across every column and past the last one (extrapolation)
-    steps = [tiny.step_time((), 3, 1 + 3 * k) for k in range(5000)]
-    assert tiny.decode_run_durations(3, 1, 5000) == steps
+def test_run_durations_cross_grid_points_below_and_above(tmp_path):
+    """From below the first context point (held), across fractional grid points, past the
+    last one (extrapolated), for strides that land on and between the points."""
+    p = _copy_tiny(tmp_path)
+    (p / "decode_attention.csv").write_text(
+        "batch/total_context,100.5,1000,1003.25,10000\n1,0.0005,0.001,0.0011,0.010\n"
+        "10,0.0007,0.002,0.0023,0.020\n"
+    )
+    model = TableCostModel(read_profile(p))
+    for batch in (1, 3, 7, 10, 250):
+        for first in (0, 99, 100, 101, 997, 1003, 9999):
+            steps = 12_000 // batch
+            want = [model.step_time((), batch, first + batch * k) for k in range(steps)]
+            assert model.decode_run_durations(batch, first, steps) == want, (batch, first)
+            assert want == _vectorised_run_times(model, batch, first, steps).tolist()
 
 
 def _copy_tiny(tmp_path: Path) -> Path:

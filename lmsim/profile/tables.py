@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import warnings
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -289,35 +290,35 @@ class TableCostModel:
         self, num_decodes: int, first_context_tokens: int, num_steps: int
     ) -> list[float]:
         """`decode_run_times` as a list of floats, the engine's form. The context grows by
-        `num_decodes` per step, so the grid segment only moves forward: one walk replaces a
-        bisect per step, and plain floats replace numpy, whose per-call cost dominated runs of
-        a few dozen steps (the vectorised form is kept in the tests as the reference). The
-        arithmetic is `_decode_attention`'s, so the bits are step_time's."""
+        `num_decodes` per step, so the steps fall into the grid's segments in order: each
+        segment's steps are one list comprehension over a `range`, with no bisect per step
+        and no numpy, whose per-call cost dominated runs of a few dozen steps (the vectorised
+        form is kept in the tests as the reference). The arithmetic is `_decode_attention`'s,
+        so the bits are step_time's."""
         if num_decodes == 0:
             return [float(self._base(0, 0))] * num_steps
         base, row, _ = self._decode_row(num_decodes)
         xs = self._da_c
         last = len(xs) - 2
-        x0 = xs[0]
         x = first_context_tokens
-        j = bisect_right(xs, x if x > x0 else x0) - 1
-        if j > last:
-            j = last
-        lo, hi, r0, r1 = xs[j], xs[j + 1], row[j], row[j + 1]
-        span = hi - lo
-        out = []
-        for _ in range(num_steps):
-            if x < x0:
-                wc = (x0 - lo) / span
-            else:
-                if x >= hi and j < last:
-                    while j < last and xs[j + 1] <= x:
-                        j += 1
-                    lo, hi, r0, r1 = xs[j], xs[j + 1], row[j], row[j + 1]
-                    span = hi - lo
-                wc = (x - lo) / span
-            out.append(base + (r0 * (1.0 - wc) + r1 * wc))
-            x += num_decodes
+        end = x + num_decodes * num_steps
+        out: list[float] = []
+        if x < xs[0]:
+            # Below the grid the context is held at its first point (an integer x is below
+            # a float bound b exactly when x < ceil(b)).
+            below = len(range(x, min(end, math.ceil(xs[0])), num_decodes))
+            wc = (xs[0] - xs[0]) / (xs[1] - xs[0])
+            out = [base + (row[0] * (1.0 - wc) + row[1] * wc)] * below
+            x += below * num_decodes
+        while x < end:
+            j = bisect_right(xs, x) - 1
+            if j > last:
+                j = last
+            lo, r0, r1 = xs[j], row[j], row[j + 1]
+            span = xs[j + 1] - lo
+            steps = range(x, end if j == last else min(end, math.ceil(xs[j + 1])), num_decodes)
+            out += [base + (r0 * (1.0 - wc) + r1 * wc) for wc in [(c - lo) / span for c in steps]]
+            x += len(steps) * num_decodes
         return out
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
