@@ -127,6 +127,9 @@ def interp2(xs: np.ndarray, ys: np.ndarray, z: np.ndarray, x: np.ndarray, y: np.
     return r0 * (1.0 - wx) + r1 * wx
 
 
+_MEMO_LIMIT = 1 << 16  # memoised 1-D lookups per table (a step has at most this many tokens)
+
+
 class ProfileGridWarning(UserWarning):
     """A simulated step left the grid its profile was measured or tabulated on."""
 
@@ -164,6 +167,8 @@ class TableCostModel:
         self.max_model_len = int(declared) if declared else None
         self._slot_tokens = int(m["memory"].get("kv_pool_slot_tokens") or 0)
         self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
+        self._tok_memo: dict[int, float] = {}  # tokens -> _lerp over tokens.csv
+        self._seq_memo: dict[int, float] = {}  # seqs -> _lerp over seqs.csv
         # The measured grid: (lowest, highest) of every axis a step is looked up on.
         self._bounds = {
             "tokens": (self._tok_xl[0], self._tok_xl[-1]),
@@ -214,27 +219,24 @@ class TableCostModel:
     ) -> float:
         # `_base`, `_decode_attention` and `_prefill_attention` inlined (the router prices
         # 16 steps per llmd decision): the same operations in the same order, so the same bits.
+        # The 1-D lookups are memoised by their integer argument (batches repeat).
         seqs = num_decodes
         tokens = num_decodes
         for q, _ in prefill_chunks:
             seqs += 1
             tokens += q
-        xs = self._tok_xl
-        x = tokens if tokens >= xs[0] else xs[0]
-        i = bisect_right(xs, x) - 1
-        if i > len(xs) - 2:
-            i = len(xs) - 2
-        w = (x - xs[i]) / (xs[i + 1] - xs[i])
-        ys = self._tok_yl
-        t = self._fixed + (ys[i] * (1.0 - w) + ys[i + 1] * w)
-        xs = self._seq_xl
-        x = seqs if seqs >= xs[0] else xs[0]
-        i = bisect_right(xs, x) - 1
-        if i > len(xs) - 2:
-            i = len(xs) - 2
-        w = (x - xs[i]) / (xs[i + 1] - xs[i])
-        ys = self._seq_yl
-        t = t + (ys[i] * (1.0 - w) + ys[i + 1] * w) + self._cpt * tokens
+        tok = self._tok_memo.get(tokens)
+        if tok is None:
+            tok = _lerp(self._tok_xl, self._tok_yl, tokens)
+            if len(self._tok_memo) < _MEMO_LIMIT:
+                self._tok_memo[tokens] = tok
+        seq = self._seq_memo.get(seqs)
+        if seq is None:
+            seq = _lerp(self._seq_xl, self._seq_yl, seqs)
+            if len(self._seq_memo) < _MEMO_LIMIT:
+                self._seq_memo[seqs] = seq
+        t = self._fixed + tok
+        t = t + seq + self._cpt * tokens
         if num_decodes:
             row = (self._rows.get(num_decodes) or self._decode_row(num_decodes))[1]
             xs = self._da_c
