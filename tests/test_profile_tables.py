@@ -152,12 +152,12 @@ def test_run_durations_cross_grid_points_below_and_above(tmp_path):
         "10,0.0007,0.002,0.0023,0.020\n"
     )
     model = TableCostModel(read_profile(p))
-    for batch in (1, 3, 7, 10, 250):
-        for first in (0, 99, 100, 101, 997, 1003, 9999):
-            steps = 12_000 // batch
-            want = [model.step_time((), batch, first + batch * k) for k in range(steps)]
-            assert model.decode_run_durations(batch, first, steps) == want, (batch, first)
-            assert want == _vectorised_run_times(model, batch, first, steps).tolist()
+    cases = [(b, f, k) for b in (1, 3, 7, 10, 250) for f in (0, 99, 100, 101, 997, 1003, 9999)
+             for k in (1, 2, 6, 7, 12_000 // b)]  # both sides of the short-run walk
+    for batch, first, steps in cases:
+        want = [model.step_time((), batch, first + batch * k) for k in range(steps)]
+        assert model.decode_run_durations(batch, first, steps) == want, (batch, first, steps)
+        assert want == _vectorised_run_times(model, batch, first, steps).tolist()
 
 
 def _copy_tiny(tmp_path: Path) -> Path:
