@@ -57,3 +57,26 @@ def test_inside_the_grid_counts_nothing():
     trace = make_trace([0.0, 0.1], [50, 60], [5, 8])
     res = simulate(trace, cluster={"profile": TINY, "num_gpu_blocks": 100})
     assert res.summary["outside_grid_steps"] == 0
+
+
+@pytest.mark.parametrize("batch", [0, 1, 4, 10, 11, 200])
+def test_inside_grid_shortcut_agrees_with_the_full_count(batch):
+    """`_inside_grid` only says 'nothing to count' where the full count says 0."""
+    m = load_table_profile(TINY)
+    m._warned_outside = True  # silence: this test counts, it does not read warnings
+    chunk_sets = [(), [(50, 0)], [(5, 0)], [(100, 1000)], [(101, 10)], [(50, 1001)], [(60, 10), (60, 10)]]
+    for chunks in chunk_sets:
+        for context in (0, 1, 500, 9990, 10000, 10001):
+            for steps in (1, 3, 10):
+                if chunks and steps > 1:
+                    continue
+                if not chunks and not batch:
+                    continue
+                count = m.steps_outside_grid(chunks, batch, context, steps)
+                if m._inside_grid(chunks, batch, context, steps):
+                    assert count == 0
+                # the reference: outside_grid asked about every step the call covers
+                singles = sum(
+                    1 for k in range(steps) if m.outside_grid(chunks, batch, context + k * batch)
+                )
+                assert count == singles, (chunks, batch, context, steps)

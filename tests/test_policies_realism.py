@@ -6,6 +6,8 @@ import math
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fakes import FakeContext, FakeInstance, cluster_of, make_request
 from lmsim.engine.views import ViewAdapter
@@ -71,6 +73,39 @@ def test_estimate_ttft_blocked_forever_is_infinite():
     full = FakeInstance(0, num_running=2, decode_context_tokens=10)
     assert math.isinf(estimate_ttft(full, 10, 0, LIN, 64, 2))  # no slot ever frees
     assert math.isinf(estimate_ttft(full, 10, 0, LIN, 2, 256))  # decodes use the whole budget
+
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    running=st.integers(0, 12),
+    prefilling=st.integers(0, 3),
+    waiting=st.integers(0, 2),
+    dctx=st.integers(0, 5000),
+    uncached=st.integers(1, 200),
+    cached=st.sampled_from([0, 16, 64]),
+    done=st.lists(st.integers(0, 80), min_size=0, max_size=5),
+    remaining=st.sampled_from([None, 0.0, 0.0123]),
+    budget=st.sampled_from([8, 64, 256]),
+    max_seqs=st.sampled_from([4, 256]),
+)
+def test_estimate_shortcut_equals_the_step_loop(
+    running, prefilling, waiting, dctx, uncached, cached, done, remaining, budget,
+    max_seqs,
+):
+    """The one-step shortcut gives the loop's bits, or leaves the case to the loop."""
+    import lmsim.policies.predictive as predictive
+
+    prefilling = min(prefilling, running)
+    queue = [(30 + 7 * k, 16 * k) for k in range(prefilling + waiting)]
+    inst = FakeInstance(0, num_running=running, num_prefilling=prefilling, num_waiting=waiting,
+                        decode_context_tokens=dctx, queue=queue)
+    in_flight = None if remaining is None else (remaining, done[: len(queue)])
+    fast = estimate_ttft(inst, uncached, cached, LIN, budget, max_seqs, in_flight)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(predictive, "_alone_in_first_step", lambda *args: None)
+        loop = estimate_ttft(inst, uncached, cached, LIN, budget, max_seqs, in_flight)
+    assert fast == loop
 
 
 # ---------------------------------------------------------------- ViewAdapter

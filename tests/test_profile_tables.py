@@ -98,6 +98,68 @@ def test_decode_run_times_equal_step_time_bit_for_bit(name, batch, first, steps)
         assert run[k] == single, (k, run[k], single)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from([*SHIPPED[:2], "tiny"]),
+    chunks=st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 200_000)), max_size=4),
+    batch=st.integers(0, 3000),
+    context=st.integers(0, 50_000_000),
+)
+def test_step_time_equals_its_components_bit_for_bit(name, chunks, batch, context):
+    """step_time inlines the component lookups; the components are the reference."""
+    model = load_table_profile(TINY if name == "tiny" else name)
+    t = model._base(batch + len(chunks), batch + sum(q for q, _ in chunks))
+    if batch:
+        t = t + model._decode_attention(batch, context)
+    for q, c in chunks:
+        t = t + model._prefill_attention(q, c)
+    assert model.step_time(chunks, batch, context) == t
+
+
+def _vectorised_run_times(model: TableCostModel, batch: int, first: int, steps: int) -> np.ndarray:
+    """The numpy form `decode_run_durations` replaced: every step located by searchsorted."""
+    from lmsim.profile.tables import _locate_vec
+
+    if batch == 0:
+        return np.full(steps, float(model._base(0, 0)))
+    base, row, _ = model._decode_row(batch)
+    row_arr = np.array(row)
+    context = first + batch * np.arange(steps, dtype=np.int64)
+    j, wc = _locate_vec(np.array(model._da_c), context.astype(np.float64))
+    return base + (row_arr[j] * (1.0 - wc) + row_arr[j + 1] * wc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from([*SHIPPED[:2], "tiny"]),
+    batch=st.integers(0, 3000),
+    first=st.integers(0, 50_000_000),
+    steps=st.integers(1, 200),
+)
+def test_run_durations_walk_equals_the_vectorised_reference(name, batch, first, steps):
+    model = load_table_profile(TINY if name == "tiny" else name)
+    walked = model.decode_run_durations(batch, first, steps)
+    assert isinstance(walked, list) and len(walked) == steps
+    assert walked == _vectorised_run_times(model, batch, first, steps).tolist()
+
+
+def test_run_durations_cross_grid_points_below_and_above(tmp_path):
+    """From below the first context point (held), across fractional grid points, past the
+    last one (extrapolated), for strides that land on and between the points."""
+    p = _copy_tiny(tmp_path)
+    (p / "decode_attention.csv").write_text(
+        "batch/total_context,100.5,1000,1003.25,10000\n1,0.0005,0.001,0.0011,0.010\n"
+        "10,0.0007,0.002,0.0023,0.020\n"
+    )
+    model = TableCostModel(read_profile(p))
+    cases = [(b, f, k) for b in (1, 3, 7, 10, 250) for f in (0, 99, 100, 101, 997, 1003, 9999)
+             for k in (1, 2, 6, 7, 12_000 // b)]  # both sides of the short-run walk
+    for batch, first, steps in cases:
+        want = [model.step_time((), batch, first + batch * k) for k in range(steps)]
+        assert model.decode_run_durations(batch, first, steps) == want, (batch, first, steps)
+        assert want == _vectorised_run_times(model, batch, first, steps).tolist()
+
+
 def _copy_tiny(tmp_path: Path) -> Path:
     dst = tmp_path / "bad"
     shutil.copytree(TINY, dst)

@@ -82,8 +82,12 @@ class LiveInstanceView:
         `queued_prefills()`, in the same order)."""
         remaining, chunks = self._instance.step_in_flight()
         sched = self._scheduler
-        q = [chunks.get(r.request_id, 0) for r in sched.prefilling]
-        q.extend(0 for _ in sched.waiting)
+        if chunks:
+            q = [chunks.get(r.request_id, 0) for r in sched.prefilling]
+        else:
+            q = [0] * len(sched.prefilling)
+        if sched.waiting:
+            q.extend([0] * len(sched.waiting))
         return remaining, q
 
 

@@ -73,8 +73,15 @@ def estimate_ttft(
             else:
                 still.append(item)
         queue = still + queue[len(done_q):]
-    queue.append(target)
     step_time = cost_model.step_time
+    if not queue:
+        alone = _alone_in_first_step(
+            decodes, dctx, running, elapsed, uncached_tokens, cached_tokens, step_time,
+            budget_max, max_num_seqs,
+        )
+        if alone is not None:
+            return alone
+    queue.append(target)
     while True:
         budget = budget_max
         nd = decodes if decodes <= budget else budget
@@ -115,6 +122,32 @@ def estimate_ttft(
             else:
                 still.append(item)
         queue = still
+
+
+def _alone_in_first_step(
+    decodes: int,
+    dctx: int,
+    running: int,
+    elapsed: float,
+    uncached_tokens: int,
+    cached_tokens: int,
+    step_time: Any,
+    budget_max: int,
+    max_num_seqs: int,
+) -> float | None:
+    """The replay's first step when the request is the only prefill left and fits in it (most
+    decisions at moderate load): the loop's arithmetic without building its lists. None when
+    the loop is needed."""
+    nd = decodes if decodes <= budget_max else budget_max
+    budget = budget_max - nd
+    if budget == 0 or running >= max_num_seqs:
+        return math.inf  # the request cannot be admitted: no prefill ever progresses
+    if uncached_tokens <= 0 or uncached_tokens > budget:
+        return None
+    run_ctx = dctx if nd == decodes else (dctx * nd) // max(1, decodes)
+    if uncached_tokens == 1:
+        return elapsed + step_time([], nd + 1, run_ctx + cached_tokens + 1)
+    return elapsed + step_time([(uncached_tokens, cached_tokens)], nd, run_ctx)
 
 
 @POLICIES.register("llmd")
