@@ -107,3 +107,37 @@ def test_requests_table_decodes_categoricals_like_the_per_row_strings():
         reference = pa.array([None if pd.isna(v) else str(v) for v in frame[name].astype(object)], type=pa.string())
         assert table.column(name).combine_chunks().equals(reference)
     assert table.column("reject_reason").to_pylist() == ["z", "x", None, "y", "z", None, "x"]
+
+
+def test_compact_trace_keeps_every_id_in_half_the_bytes():
+    from lmsim.workload.trace import continued_ids
+
+    trace = generate("coder", {"num_requests": 60}, seed=2)
+    small = trace.compact()
+    assert small.hash_values.dtype == np.int32
+    assert small.hash_values.nbytes * 2 == trace.hash_values.nbytes
+    np.testing.assert_array_equal(small.hash_values, trace.hash_values)
+    assert small.to_arrow().equals(trace.to_arrow())  # written as int64 either way
+    assert small.take(np.arange(10)).hash_values.dtype == np.int32
+    assert continued_ids(small, 0, 1).dtype == np.int64
+    wide = trace.replace(hash_values=trace.hash_values + 2**31)
+    assert wide.compact() is wide  # ids beyond int32 stay int64
+
+
+@pytest.mark.parametrize("generator", ["coder", "toolagent"])  # 16- and 512-token trace blocks
+def test_replay_of_a_compact_trace_equals_the_int64_reference(generator):
+    from lmsim.config import validate
+    from lmsim.engine.simulation import Simulation
+
+    raw = {
+        "name": "compact", "seed": 0,
+        "workload": {"generator": {"name": generator, "params": {"num_requests": 80}}},
+        "cluster": {"num_instances": 2, "profile": "h20/qwen3-30b-a3b", "num_gpu_blocks": 400},
+        "router": {"policy": "lmetric"},
+    }  # fmt: skip
+    config = validate(raw, where="test")
+    trace = generate(generator, {"num_requests": 80}, seed=0)
+    wide, small = Simulation(config, trace).run(), Simulation(config, trace.compact()).run()
+    assert trace.compact().hash_values.dtype == np.int32
+    assert wide.requests.equals(small.requests)
+    assert wide.instances.equals(small.instances)

@@ -95,7 +95,7 @@ def generated_trace(name: str, params: dict[str, Any], seed: int) -> Trace:
     key = (GENERATORS.get(name), name, json.dumps(params, sort_keys=True, default=repr), seed)
     trace = _trace_cache.get(key)
     if trace is None:
-        trace = generate(name, dict(params), seed=seed)
+        trace = generate(name, dict(params), seed=seed).compact()
         size = _trace_nbytes(trace)
         if size <= TRACE_CACHE_BYTES // 2:
             for value in vars(trace).values():
@@ -136,6 +136,7 @@ def load_workload_trace(
             except ImportError:
                 raise TraceError(f"{path}: raw trace formats are not available") from None
             trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
+    trace = trace.compact()  # ids as int32 for the replay when they fit (half the memory)
     identity = workload_identity(capacity_seed_config(config), experiment_dir) if w.load is not None else None
     return shape_workload(trace, config, workload=identity, capacity=capacity, log=log)
 
