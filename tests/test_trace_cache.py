@@ -141,3 +141,30 @@ def test_replay_of_a_compact_trace_equals_the_int64_reference(generator):
     assert trace.compact().hash_values.dtype == np.int32
     assert wide.requests.equals(small.requests)
     assert wide.instances.equals(small.instances)
+
+
+def test_sweep_parent_generates_each_shared_workload_once(monkeypatch):
+    """Before the pool forks, the parent generates every workload two or more points
+    share (the workers inherit the cache); a workload of one point is left to its worker."""
+    import lmsim.workload.generators as generators
+    from lmsim.study.execute import _warm_trace_cache
+
+    calls = []
+    real = generators.generate
+    monkeypatch.setattr(generators, "generate", lambda name, params, seed: calls.append((name, seed)) or real(name, params, seed=seed))
+
+    def task(name, generator, seed, lam):
+        raw = {
+            "name": "warm", "seed": seed,
+            "workload": {"generator": {"name": generator, "params": {"num_requests": 50}}, "rate": 10.0},
+            "cluster": {"num_instances": 2, "profile": "h20/qwen3-30b-a3b"},
+            "router": {"policy": "bailian", "params": {"lambda": lam}},
+        }  # fmt: skip
+        return {"name": name, "raw": raw, "where": "test"}
+
+    tasks = [task("a", "agent", 0, 0.1), task("b", "agent", 0, 0.2), task("c", "agent", 0, 0.3),
+             task("d", "chatbot", 0, 0.1), task("e", "agent", 1, 0.1)]  # fmt: skip
+    _warm_trace_cache(tasks)
+    assert calls == [("agent", 0)]
+    generated_trace("agent", {"num_requests": 50}, 0)  # what a forked worker then finds
+    assert calls == [("agent", 0)]
