@@ -112,7 +112,9 @@ def test_requests_table_decodes_categoricals_like_the_per_row_strings():
 def test_compact_trace_keeps_every_id_in_half_the_bytes():
     from lmsim.workload.trace import continued_ids
 
-    trace = generate("coder", {"num_requests": 60}, seed=2)
+    generated = generate("coder", {"num_requests": 60}, seed=2)
+    assert generated.hash_values.dtype == np.int32  # generators write compact ids
+    trace = generated.replace(hash_values=generated.hash_values.astype(np.int64))
     small = trace.compact()
     assert small.hash_values.dtype == np.int32
     assert small.hash_values.nbytes * 2 == trace.hash_values.nbytes
@@ -136,9 +138,10 @@ def test_replay_of_a_compact_trace_equals_the_int64_reference(generator):
         "router": {"policy": "lmetric"},
     }  # fmt: skip
     config = validate(raw, where="test")
-    trace = generate(generator, {"num_requests": 80}, seed=0)
-    wide, small = Simulation(config, trace).run(), Simulation(config, trace.compact()).run()
-    assert trace.compact().hash_values.dtype == np.int32
+    small_trace = generate(generator, {"num_requests": 80}, seed=0)
+    trace = small_trace.replace(hash_values=small_trace.hash_values.astype(np.int64))
+    assert small_trace.hash_values.dtype == np.int32
+    wide, small = Simulation(config, trace).run(), Simulation(config, small_trace).run()
     assert wide.requests.equals(small.requests)
     assert wide.instances.equals(small.instances)
 
@@ -168,3 +171,19 @@ def test_sweep_parent_generates_each_shared_workload_once(monkeypatch):
     assert calls == [("agent", 0)]
     generated_trace("agent", {"num_requests": 50}, 0)  # what a forked worker then finds
     assert calls == [("agent", 0)]
+
+
+def test_generated_ids_widen_when_they_outgrow_int32(monkeypatch):
+    from lmsim.workload.generators import base
+
+    monkeypatch.setattr(base, "_CHUNK_BLOCKS", 4)  # one request per chunk
+    plan = base.Plan(
+        arrival=np.zeros(3), input_tokens=np.full(3, 64), output_tokens=np.ones(3, dtype=np.int64),
+        chain=np.arange(3), keep=np.zeros(3, dtype=np.int64), chain_prefix_base=np.zeros(3, dtype=np.int64),
+        chain_prefix_blocks=np.zeros(3, dtype=np.int64), first_fresh_id=2**31 - 6,
+    )  # fmt: skip
+    _offsets, values = base.chained_ids(plan, 16)
+    assert values.dtype == np.int64
+    np.testing.assert_array_equal(values, 2**31 - 6 + np.arange(12))
+    plan.first_fresh_id = 0
+    assert base.chained_ids(plan, 16)[1].dtype == np.int32

@@ -71,7 +71,7 @@ class Trace:
         self.input_tokens = np.ascontiguousarray(self.input_tokens, dtype=np.int64)
         self.output_tokens = np.ascontiguousarray(self.output_tokens, dtype=np.int64)
         self.hash_offsets = np.ascontiguousarray(self.hash_offsets, dtype=np.int64)
-        # int32 only as `compact()` made it (the replay's memory); int64 otherwise
+        # int32 as `compact()` or a generator made it (memory); int64 otherwise
         ids_dtype = np.int32 if np.asarray(self.hash_values).dtype == np.int32 else np.int64
         self.hash_values = np.ascontiguousarray(self.hash_values, dtype=ids_dtype)
         for name in (*OPTIONAL_INT_COLUMNS, "delay_s"):
@@ -95,9 +95,10 @@ class Trace:
         """This trace with its block ids stored as int32 when every id fits, else itself.
 
         Ids are the largest part of a trace (57M ids for the 1M-request agent workload:
-        460 MB as int64, 230 MB as int32). Only the replay path compacts (see
-        `study.experiment.load_workload_trace`); ids read from a compact trace keep their
-        values, and the engine widens each request's ids back to int64 at arrival."""
+        460 MB as int64, 230 MB as int32). Generators write compact ids directly
+        (`generators.base.chained_ids`); of loaded traces only the replay path compacts
+        (`study.experiment.load_workload_trace`). Ids keep their values; widen them before
+        arithmetic (the engine widens each request's ids to int64 at arrival)."""
         values = self.hash_values
         if values.dtype == np.int32 or not len(values):
             return self
