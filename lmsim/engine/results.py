@@ -64,7 +64,7 @@ class Results:
                 "first_token_at": rec.first_token_at,
                 "finished_at": rec.finished_at,
                 "instance_id": nullable_int(rec.instance_id),
-                "input_tokens": trace.input_tokens,
+                "input_tokens": np.array(trace.input_tokens),  # a writable frame: cached traces are read-only
                 "output_tokens": out,
                 "cached_tokens": nullable_int(rec.cached_tokens),
                 "num_preemptions": rec.num_preemptions,
