@@ -28,3 +28,36 @@ def test_report_embeds_figures_tables_and_configs(tiny_sweep: Path, tmp_path: Pa
 def test_report_without_sweeps_fails(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "no sweep.parquet or run here or in a subdirectory" in capsys.readouterr().err
+
+
+def test_report_embeds_figures_plot_drew_after_the_results_bytes_equal(tiny_sweep: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """A sweep whose PNGs `lmsim plot` drew after its last results gives the same page as
+    one the report draws itself, without drawing; stale or missing PNGs are redrawn."""
+    import os
+    import re
+    import shutil
+
+    from lmsim.viz import report
+
+    sweep = tmp_path / "s" / tiny_sweep.name
+    shutil.copytree(tiny_sweep, sweep)
+    shutil.rmtree(sweep / "figures", ignore_errors=True)
+    drawn: list[list[str]] = []
+    real = report.make_figures
+    monkeypatch.setattr(report, "make_figures", lambda *a, **k: drawn.append(list(a[1])) or real(*a, **k))
+
+    def page(name: str) -> str:
+        assert main(["report", str(sweep), "--out", str(tmp_path / name)]) == 0
+        return re.sub(r"<p class='meta'>.*?</p>", "", (tmp_path / name).read_text())
+
+    reference = page("drawn.html")
+    kinds = supported_kinds(SweepData(sweep))
+    assert drawn == [kinds]
+    assert main(["plot", str(sweep), "--format", "png"]) == 0
+    assert page("reused.html") == reference
+    redrawn = [k for k in kinds if k == "param"]  # plot --param may have drawn another key
+    assert drawn == [kinds, redrawn]
+    later = max(p.stat().st_mtime_ns for p in (sweep / "figures").glob("*.png")) + 10**9
+    os.utime(sweep / "sweep.parquet", ns=(later, later))  # results newer than the figures
+    assert page("stale.html") == reference
+    assert drawn == [kinds, redrawn, kinds]

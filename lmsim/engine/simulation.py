@@ -253,6 +253,8 @@ class Simulation:
     def _route(self, row: int, now: float) -> None:
         trace = self.trace
         ids = trace.hash_ids(row)
+        if ids.dtype != np.int64:  # a compact trace (Trace.compact): the engine keys on int64
+            ids = ids.astype(np.int64)
         bs = self.config.cluster.block_size
         input_tokens = int(trace.input_tokens[row])
         output_tokens = int(trace.output_tokens[row])

@@ -169,7 +169,8 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
     digest = hashlib.sha256()
     for array in (trace.arrival_s, trace.input_tokens, trace.output_tokens, trace.hash_offsets, trace.hash_values,
                   trace.column("after_id"), trace.column("delay_s")):
-        digest.update(np.ascontiguousarray(array).tobytes())
+        # ids as int64 whether or not the trace is compact (Trace.compact): same digest
+        digest.update(np.ascontiguousarray(array, dtype=np.float64 if array.dtype.kind == "f" else np.int64).tobytes())
     digest.update(str(trace.block_size).encode())
     return {"trace_sha256": digest.hexdigest()}
 

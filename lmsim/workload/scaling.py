@@ -18,7 +18,7 @@ def time_scale(trace: Trace, factor: float) -> Trace:
     """Arrivals t -> t0 + (t - t0) / factor; delay_s / factor. factor > 1 speeds up."""
     if not np.isfinite(factor) or factor <= 0:
         raise ConfigError(f"time-scale factor must be > 0, got {factor}")
-    out = trace.take(np.arange(len(trace)))
+    out = trace.replace()
     if len(out):
         t0 = out.arrival_s[0]
         out.arrival_s = t0 + (out.arrival_s - t0) / factor

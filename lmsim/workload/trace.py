@@ -71,7 +71,9 @@ class Trace:
         self.input_tokens = np.ascontiguousarray(self.input_tokens, dtype=np.int64)
         self.output_tokens = np.ascontiguousarray(self.output_tokens, dtype=np.int64)
         self.hash_offsets = np.ascontiguousarray(self.hash_offsets, dtype=np.int64)
-        self.hash_values = np.ascontiguousarray(self.hash_values, dtype=np.int64)
+        # int32 as `compact()` or a generator made it (memory); int64 otherwise
+        ids_dtype = np.int32 if np.asarray(self.hash_values).dtype == np.int32 else np.int64
+        self.hash_values = np.ascontiguousarray(self.hash_values, dtype=ids_dtype)
         for name in (*OPTIONAL_INT_COLUMNS, "delay_s"):
             col = getattr(self, name)
             if col is not None:
@@ -86,7 +88,24 @@ class Trace:
         return len(self.arrival_s)
 
     def hash_ids(self, i: int) -> np.ndarray:
+        """Row i's ids, a view: int32 in a `compact()` trace, so widen before arithmetic."""
         return self.hash_values[self.hash_offsets[i] : self.hash_offsets[i + 1]]
+
+    def compact(self) -> Trace:
+        """This trace with its block ids stored as int32 when every id fits, else itself.
+
+        Ids are the largest part of a trace (57M ids for the 1M-request agent workload:
+        460 MB as int64, 230 MB as int32). Generators write compact ids directly
+        (`generators.base.chained_ids`); of loaded traces only the replay path compacts
+        (`study.experiment.load_workload_trace`). Ids keep their values; widen them before
+        arithmetic (the engine widens each request's ids to int64 at arrival)."""
+        values = self.hash_values
+        if values.dtype == np.int32 or not len(values):
+            return self
+        info = np.iinfo(np.int32)
+        if values.min() < info.min or values.max() > info.max:
+            return self
+        return self.replace(hash_values=values.astype(np.int32))
 
     def column(self, name: str) -> np.ndarray:
         """An optional column, or its default (-1, or 0.0 for delay_s) when absent."""
@@ -147,7 +166,17 @@ class Trace:
         )
 
     def head(self, limit: int) -> Trace:
-        return self.take(np.arange(min(limit, len(self))))
+        if limit >= len(self):
+            return self.replace()
+        return self.take(np.arange(limit))
+
+    def replace(self, **columns: np.ndarray | None) -> Trace:
+        """A new trace with the given columns replaced and every other column shared, not
+        copied (columns are never written in place): re-timing a million-request trace
+        would otherwise copy its half-gigabyte of block ids."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        fields["meta"] = dict(self.meta)
+        return Trace(**{**fields, **columns})
 
     # -- checks --------------------------------------------------------------------------
 
@@ -196,7 +225,7 @@ class Trace:
     def to_arrow(self) -> pa.Table:
         hash_col = pa.ListArray.from_arrays(
             pa.array(self.hash_offsets, type=pa.int64()) if len(self) else pa.array([0], pa.int64()),
-            pa.array(self.hash_values, type=pa.int64()),
+            pa.array(self.hash_values.astype(np.int64, copy=False), type=pa.int64()),
         )
         columns = {
             "arrival_s": pa.array(self.arrival_s, type=pa.float64()),
@@ -387,7 +416,7 @@ def continued_ids(trace: Trace, row: int, cont: int) -> np.ndarray:
     k = min(int(trace.input_tokens[row]) // bs, len(own))
     nxt = trace.hash_ids(cont)
     k_next = min(int(trace.input_tokens[cont]) // bs, len(nxt))
-    return np.concatenate((own[:k], nxt[k:k_next]))
+    return np.concatenate((own[:k], nxt[k:k_next])).astype(np.int64, copy=False)
 
 
 def chain_roots(parent: np.ndarray) -> np.ndarray:
