@@ -455,6 +455,21 @@ class PrefixCache:
         for listener in self._listeners:
             _consume(map(listener, repeat(self.instance_id), run, repeat(True)))
 
+    def register_one(self, hashes: Sequence[int], keys: list[int], j: int) -> None:
+        """`register_range(hashes, keys, j, j + 1)` for the one block a decode step fills
+        (most registrations on chatbot: 48k of 53k calls); the range path's slicing and set
+        arithmetic cost more than the block itself. A duplicate takes the range path."""
+        h = hashes[j]
+        cached = self._cached
+        if h in cached:
+            self.register_range(hashes, keys, j, j + 1)
+            return
+        cached.add(h)
+        self._used.add(h)
+        keys[j] = h
+        for listener in self._listeners:
+            listener(self.instance_id, h, True)
+
     def release(self, keys: Sequence[int], extra_anonymous: int = 0) -> None:
         """Release a request's blocks: `extra_anonymous` unnamed tail blocks and `keys`, tail
         first (vLLM `KVCacheManager.free` frees in reverse order). A block whose last

@@ -340,7 +340,7 @@ class InstanceScheduler:
         keys = request.block_keys
         if j == len(keys):
             keys.append(ANON)
-        self.cache.register_range(hashes, keys, j, j + 1)
+        self.cache.register_one(hashes, keys, j)
         request.num_cached_blocks = j + 1
         if j + 1 >= len(hashes):
             self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
