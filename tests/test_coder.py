@@ -200,9 +200,10 @@ def test_first_steps_and_serial_growth_by_hand(tmp_path: Path):
     # equal (2/4), 3 has 3 below and 1 equal (3.5/4)
     assert mid_ranks(np.array([1, 2, 2, 3]), np.array([1, 2, 3])).tolist() == [0.125, 0.5, 0.875]
 
-    # constant first-step tables, no shrinks, no compactions: a chain starting below 50K
+    # constant first-step tables, no shrinks, no compactions: a session starting below 50K
     # grows by exactly 12,800 tokens at its first step and 6,400 at its second, one
-    # starting above by 25,600 and 3,200 (rewrites change ids, not sizes)
+    # starting above by 25,600 and 3,200 (rewrites change ids, not sizes); sub-agents
+    # (chains that start after another's step) draw from the relative tables
     cal = load_calibration(coder_module.shipped_calibration_path())
     const = [[[12800.0] * len(GRID), [25600.0] * len(GRID)], [[6400.0] * len(GRID), [3200.0] * len(GRID)]]
     cal.update(growth_first_steps=const, compact_levels=[], compact_cdf=[],
@@ -212,14 +213,18 @@ def test_first_steps_and_serial_growth_by_hand(tmp_path: Path):
     t = generate("coder", {"num_sessions": 200, "block_size": 64, "max_context_tokens": None,
                            "calibration": str(path)}, seed=4)
     p = t.parent_id
-    depth = chain_depth(p)
-    start = t.input_tokens[chain_roots(p)]
+    root = chain_roots(p)
+    main = t.after_id[root] < 0
+    depth = np.where(main, chain_depth(p), -1)
+    start = t.input_tokens[root]
     grew = t.input_tokens - t.input_tokens[np.maximum(p, 0)]
     for k, want_low, want_high in ((1, 12800, 25600), (2, 6400, 3200)):
         low, high = (depth == k) & (start < 50000), (depth == k) & (start >= 50000)
         assert low.sum() > 100 and high.sum() > 5
         assert (grew[low] == want_low).all() and (grew[high] == want_high).all()
     assert len(set(grew[depth == 3].tolist())) > 50  # later steps: the relative tables
+    sub_first = ~main & (chain_depth(p) == 1)
+    assert sub_first.sum() > 3 and not np.isin(grew[sub_first], (12800, 25600)).any()
 
     # the ranks' normal scores: lag-1 correlation rho within chains of 100 steps, none
     # across a chain's start, every rank still uniform; rho 0 leaves them as drawn

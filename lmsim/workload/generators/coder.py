@@ -243,9 +243,9 @@ class CoderGenerator:
             for b, (table, pooled) in enumerate(zip(tables, cal["growth_by_input"], strict=True)):
                 growth_by_bin[b, rows_c] = level[rows_c] * np.interp(
                     u_growth[rows_c], GRID, np.asarray(table or pooled))
-        # a chain's first growing steps read files: their growth in tokens comes from the
-        # real first steps, by whether the chain starts below the first bin edge
-        depth = np.arange(n) - unit_first[unit]
+        # a session's first steps read files: their growth in tokens comes from the real
+        # sessions' first steps, by whether the session starts below the first bin edge
+        depth = np.where(spawn_at[unit] < 0, np.arange(n) - unit_first[unit], -1)
         low = np.asarray(u_start)[unit] < cal["input_bin_edges"][0]
         for k, tables in enumerate(cal.get("growth_first_steps", []), start=1):
             for table, rows in zip(tables, (low, ~low), strict=True):
