@@ -308,10 +308,10 @@ def test_subagent_starts_at_its_start(tmp_path: Path):
 def test_real_sessions_fit_half_check_other_half():
     """Fit on one random half of the real sessions, generate at seeds 0 and 1, compare with
     the other half (`python -m lmsim.workload.generators.coder_check` prints the tables).
-    Known outside: the shrink after/before p90, where this split's halves themselves
-    differ by the tolerance (0.93 vs 0.99, the largest deviation over 200 splits) and the
-    generator follows the half it was fitted on; it must stay within 1.15x of its
-    tolerance."""
+    Known outside: the shrink after/before ratio, where this split's halves themselves
+    differ by about the tolerance (p90 0.93 vs 0.99, the largest deviation over 200
+    splits; p50 0.33 vs 0.67, tolerance 2.14x) and the generator follows the half it was
+    fitted on (p50 0.31-0.34); its quantiles must stay within 1.15x of their tolerance."""
     path = real_trace_path()
     if path is None:
         pytest.skip("../shared/traces/weka-claude-code is not here")
@@ -319,7 +319,7 @@ def test_real_sessions_fit_half_check_other_half():
 
     for seed, rows in holdout_check(load_trace(path), seeds=(0, 1)).items():
         for r in rows:
-            if r.key == "compaction_ratio_p90":
+            if r.statistic == "compaction_ratio":
                 assert r.ratio == 1.0 or max(r.ratio, 1 / r.ratio) <= 1.15 * r.tolerance, (seed, r)
             else:
                 assert r.inside, (seed, r)
