@@ -38,7 +38,7 @@ PINNED = {
     "hotspot": ({"num_requests": 400}, 3, 400, "d7b3d5af7f31fcb8", 2),
     "agent": ({"num_requests": 400}, 3, 400, "af516d9c43b1bd3b", 3),
     "toolagent": ({"num_requests": 400}, 3, 400, "3242a83820c42f2e", 3),
-    "coder": ({"num_requests": 400}, 3, 400, "b2072d8c63950d2b", 4),
+    "coder": ({"num_requests": 400}, 3, 400, "bb0bc2e55a5f520c", 5),
 }
 
 

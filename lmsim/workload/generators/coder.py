@@ -51,6 +51,7 @@ step) used only to order rows.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -64,8 +65,9 @@ from lmsim.workload.trace import Trace
 
 # Bumped whenever the same parameters and seed give a different trace (capacity cache keys).
 # 3: tables fitted on the real sessions; 4: block-id rewrites, compaction thresholds
-# estimated with censoring, growth tables per session level class.
-VERSION = 4
+# estimated with censoring, growth tables per session level class; 5: a chain's first
+# growing steps from their own tables, serially correlated growth ranks.
+VERSION = 5
 
 # WEKA tools+system prefix per session, p10 / p50 / p90 tokens (§3.5)
 _SYS_QUANTILES = ((0.1, 11898.0), (0.5, 14948.0), (0.9, 15930.0))
@@ -229,7 +231,7 @@ class CoderGenerator:
         first[unit_first] = True
 
         out = np.maximum(np.rint(_draw(rng, cal["output"], n)), 1).astype(np.int64)
-        u_growth = rng.random(n)
+        u_growth = self._growth_ranks(rng.random(n), first)
         level = np.asarray(u_level)[unit]
         # a step's growth: its session's level x a relative growth from the table of the
         # session's level class for the previous input's bin (pooled over classes where a
@@ -241,6 +243,15 @@ class CoderGenerator:
             for b, (table, pooled) in enumerate(zip(tables, cal["growth_by_input"], strict=True)):
                 growth_by_bin[b, rows_c] = level[rows_c] * np.interp(
                     u_growth[rows_c], GRID, np.asarray(table or pooled))
+        # a session's first steps read files: their growth in tokens comes from the real
+        # sessions' first steps, by whether the session starts below the first bin edge
+        depth = np.where(spawn_at[unit] < 0, np.arange(n) - unit_first[unit], -1)
+        low = np.asarray(u_start)[unit] < cal["input_bin_edges"][0]
+        for k, tables in enumerate(cal.get("growth_first_steps", []), start=1):
+            for table, rows in zip(tables, (low, ~low), strict=True):
+                at = (depth == k) & rows
+                if table and at.any():
+                    growth_by_bin[:, at] = np.interp(u_growth[at], GRID, np.asarray(table))
         shrink_u = rng.random(n)
         shrink_ratio = _draw(rng, cal["shrink_ratio"], n)
         limit_ratio = _draw(rng, cal["compact_ratio"], n)
@@ -323,6 +334,23 @@ class CoderGenerator:
                   "rewrites": str(int(deep.sum() + tail.sum())),
                   "subagent_rows": str(int((~main_rows).sum()))},
         )  # fmt: skip
+
+    def _growth_ranks(self, u: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """Each step's rank in its growth table, from independent uniforms `u`: real growth
+        comes in bursts, the normal scores of consecutive steps' ranks within a chain
+        correlated at `growth_rank_rho` (0.22), so the scores follow a Gaussian AR(1). Every
+        step's rank stays uniform, so the growth tables' marginals stay as fitted."""
+        rho = float(self.cal.get("growth_rank_rho", 0.0))
+        if not rho:
+            return u
+        nd = NormalDist()
+        e = [nd.inv_cdf(min(max(float(x), 1e-12), 1.0 - 1e-12)) for x in u]
+        s = math.sqrt(1.0 - rho * rho)
+        z = e[:]
+        for i in range(1, len(e)):
+            if not first[i]:
+                z[i] = rho * z[i - 1] + s * e[i]
+        return np.array([nd.cdf(x) for x in z])
 
     def _contexts(
         self, first: np.ndarray, start: np.ndarray, window_u: np.ndarray,
