@@ -154,16 +154,21 @@ def test_generator_block_rule_and_subagents():
     assert not parent_ids & {int(t.hash_ids(int(r))[0]) for r in sub_first}  # own prefix
 
 
+def _generate_no_small_shrinks(tmp_path: Path, params: dict, seed: int, **calibration):
+    """An uncapped coder trace from the shipped calibration with `calibration` overriding it
+    and no small (non-compaction) shrinks, so every shrink is a compaction."""
+    cal = load_calibration(coder_module.shipped_calibration_path())
+    cal.update(shrink_prob_by_input=[0.0] * len(cal["shrink_prob_by_input"]), **calibration)
+    path = tmp_path / "cal.json"
+    save_calibration(cal, path)
+    return generate("coder", {**params, "max_context_tokens": None, "calibration": str(path)}, seed=seed)
+
+
 def test_compaction_threshold_is_per_chain(tmp_path: Path):
     """With one compaction level (50K, P(T <= 50K) = 1/2) and no small shrinks, a chain
     either compacts when its prompt reaches 50K or never does."""
-    cal = load_calibration(coder_module.shipped_calibration_path())
-    cal.update(compact_levels=[50000.0], compact_cdf=[0.5],
-               shrink_prob_by_input=[0.0] * len(cal["shrink_prob_by_input"]))
-    path = tmp_path / "cal.json"
-    save_calibration(cal, path)
-    t = generate("coder", {"num_sessions": 300, "block_size": 4096, "max_context_tokens": None,
-                           "calibration": str(path)}, seed=2)
+    t = _generate_no_small_shrinks(tmp_path, {"num_sessions": 300, "block_size": 4096}, 2,
+                                   compact_levels=[50000.0], compact_cdf=[0.5])
     p = t.parent_id
     root = chain_roots(p)
     rows = np.flatnonzero(p >= 0)
@@ -204,14 +209,9 @@ def test_first_steps_and_serial_growth_by_hand(tmp_path: Path):
     # grows by exactly 12,800 tokens at its first step and 6,400 at its second, one
     # starting above by 25,600 and 3,200 (rewrites change ids, not sizes); sub-agents
     # (chains that start after another's step) draw from the relative tables
-    cal = load_calibration(coder_module.shipped_calibration_path())
     const = [[[12800.0] * len(GRID), [25600.0] * len(GRID)], [[6400.0] * len(GRID), [3200.0] * len(GRID)]]
-    cal.update(growth_first_steps=const, compact_levels=[], compact_cdf=[],
-               shrink_prob_by_input=[0.0] * len(cal["shrink_prob_by_input"]))
-    path = tmp_path / "cal.json"
-    save_calibration(cal, path)
-    t = generate("coder", {"num_sessions": 200, "block_size": 64, "max_context_tokens": None,
-                           "calibration": str(path)}, seed=4)
+    t = _generate_no_small_shrinks(tmp_path, {"num_sessions": 200, "block_size": 64}, 4,
+                                   growth_first_steps=const, compact_levels=[], compact_cdf=[])
     p = t.parent_id
     root = chain_roots(p)
     main = t.after_id[root] < 0
