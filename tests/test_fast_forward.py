@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_config
+from conftest import make_config, make_trace, simulate
 from lmsim.engine.instance import Instance
 from lmsim.engine.simulation import Simulation
 from lmsim.policies import POLICIES
@@ -114,3 +114,28 @@ def test_equivalence_check_catches_one_shifted_boundary(monkeypatch):
     bad_on = _requests_bytes(trace, "vllm", True)
     assert state["mutated"]
     assert bad_on != good_on
+
+
+@pytest.mark.parametrize(("output_tokens", "events"), [(1000, 6), (5000, 8)])
+def test_uncut_runs_double_their_cap(output_tokens: int, events: int):
+    """One request alone decodes in runs of 64, 128, 256, ... steps (the cap doubles after
+    each run that reached it uncut). 1,000 tokens: the prefill step, then 64 + 128 + 256 +
+    512 = 960 decode steps at the cap and a last run of 39 that ends at the finish: 6
+    events. 5,000 tokens: 1 + (64 + ... + 2048 = 4032) + 967: 8 events. With a fixed cap
+    of 64 they would be 17 and 80."""
+    trace = make_trace([0.0], [100], [output_tokens])
+    summary = simulate(trace).summary
+    assert summary["num_steps"] == output_tokens
+    assert summary["num_step_events"] == events
+
+
+def test_a_cut_run_resets_the_cap():
+    """An arrival at 3 s (about step 297 of 10.1 ms decode steps) cuts the 256-step run in
+    flight. Events: the prefill, runs of 64 and 128, the cut run (4); the step that
+    prefills the newcomer beside the decode (5); the step where it samples its second and
+    last token (6); then the first request's ~700 remaining steps in runs that start again
+    from 64: 64, 128, 256 and a last run that ends at the finish (10)."""
+    alone = simulate(make_trace([0.0], [100], [1000])).summary["num_step_events"]
+    with_arrival = simulate(make_trace([0.0, 3.0], [100, 100], [1000, 2])).summary
+    assert with_arrival["num_steps"] == 1000
+    assert with_arrival["num_step_events"] == 10 > alone
