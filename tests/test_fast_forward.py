@@ -139,3 +139,36 @@ def test_a_cut_run_resets_the_cap():
     with_arrival = simulate(make_trace([0.0, 3.0], [100, 100], [1000, 2])).summary
     assert with_arrival["num_steps"] == 1000
     assert with_arrival["num_step_events"] == 10 > alone
+
+
+def _cache_after_refilling_an_evicted_block(fast_forward: bool):
+    """8 blocks of 16 tokens. Request 0 leaves its 7 prompt blocks (hashes 50..56) cached
+    in the free queue, head 56, then 55; one block stays content-free. Request 1 (one
+    prompt block, 40 outputs, continued by request 2 so its output blocks are named 98 and
+    55) then decodes alone: its block 1 evicts 56 and fills as 98, its block 2 evicts 55
+    and later fills as 55 again, block 3 evicts 54. Stepping, 55 is gone when it is
+    refilled, so it comes back as a fresh entry keyed 55. Fast-forwarded, those decode
+    steps are one run whose evictions are deferred, and the refill must apply them first
+    or it would find 55 still cached and make a duplicate copy."""
+    trace = make_trace(
+        [0.0, 10.0, 100.0],
+        [112, 16, 67],
+        [1, 40, 1],
+        [[50, 51, 52, 53, 54, 55, 56], [100], [100, 98, 55, 77]],
+        parent_id=[-1, -1, 1],
+    )
+    config = make_config(cluster={"num_gpu_blocks": 8}, simulation={"fast_forward": fast_forward})
+    simulation = Simulation(config, trace)
+    summary = simulation.run(stop_at_s=50.0).summary
+    cache = simulation.instances[0].cache
+    return cache.free_queue(), cache.entries(), cache.num_evictions, summary["num_step_events"]
+
+
+def test_deferred_evictions_are_applied_before_a_refill_of_an_evicted_hash():
+    queue, entries, evictions, events = _cache_after_refilling_an_evicted_block(True)
+    # Released tail first: the content-free partial block to the front, 55, 98, 100 last.
+    assert queue == [53, 52, 51, 50, 55, 98, 100]
+    assert entries[55] == [55]
+    assert evictions == 3
+    assert events == 3  # request 0's step, request 1's prefill, one run of 39 decode steps
+    assert _cache_after_refilling_an_evicted_block(False)[:3] == (queue, entries, evictions)

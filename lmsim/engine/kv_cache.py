@@ -29,7 +29,7 @@ of in-use cache entries are stored; which physical block is which never matters.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from itertools import compress, filterfalse, islice, repeat, takewhile
 
 import numpy as np
@@ -211,6 +211,16 @@ class PrefixCache:
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+    @property
+    def cached_hashes(self) -> Set[int]:
+        """The hashes with at least one cache entry (read-only; for hot loops that test
+        membership many times)."""
+        return self._cached
+
+    @property
+    def has_listeners(self) -> bool:
+        return bool(self._listeners)
 
     def contains(self, block_hash: int) -> bool:
         return block_hash in self._cached

@@ -309,7 +309,12 @@ class InstanceScheduler:
 
         When the span's blocks all come from content-free free blocks nothing is evicted, and
         registering a filled block never touches those, so one allocation for the span is
-        the same as one per step."""
+        the same as one per step. Otherwise the evictions are deferred and applied in one
+        go: registering a block never changes the free queue, so the same entries are
+        evicted in the same order, and a registration sees the same cache either way unless
+        its hash is cached now (then an eviction may decide between a duplicate and a fresh
+        entry, and the evictions due so far are applied first). Only with KV-event
+        listeners, whose event order would change, does each step allocate on its own."""
         if end <= start:
             return
         cache = self.cache
@@ -326,16 +331,38 @@ class InstanceScheduler:
             self._alloc_through = end
             return
         total = self._blocks_for_steps(start, end)
-        batched = total <= cache.num_plain_free
-        if batched and total:
-            cache.allocate_anonymous_run(total)
+        if total <= cache.num_plain_free:
+            if total:
+                cache.allocate_anonymous_run(total)
+            for st in range(start, end):
+                bucket = fills[st % bs]
+                if bucket:
+                    for request in list(bucket):
+                        self._cache_filled_block(request, st)
+            self._alloc_through = end
+            return
+        step_by_step = cache.has_listeners
+        cached = cache.cached_hashes
+        deferred = 0
         for st in range(start, end):
-            if not batched and phase[st % bs]:
-                cache.allocate_anonymous_run(phase[st % bs])
-            bucket = fills[st % bs]
+            i = st % bs
+            if phase[i]:
+                if step_by_step:
+                    cache.allocate_anonymous_run(phase[i])
+                else:
+                    deferred += phase[i]
+            bucket = fills[i]
             if bucket:
                 for request in list(bucket):
+                    if deferred:
+                        j = (request.input_tokens + st - request.decode_base) // bs - 1
+                        hashes = request.kv_hashes
+                        if j < len(hashes) and hashes[j] in cached:
+                            cache.allocate_anonymous_run(deferred)
+                            deferred = 0
                     self._cache_filled_block(request, st)
+        if deferred:
+            cache.allocate_anonymous_run(deferred)
         self._alloc_through = end
 
     def _cache_filled_block(self, request: Request, st: int) -> None:
