@@ -496,41 +496,39 @@ class PrefixCache:
         if not named:
             return
         extra = self._extra
-        if not extra or extra.keys().isdisjoint(named):
-            # Every block has this request as its only holder (a key held twice would be in
-            # `_extra`): the whole run goes to the back of the queue, tail first.
-            self._used.difference_update(named)
-            freed = named
-        else:
-            shared = extra.keys() & named
-            cut = len(named) - len(shared)
-            if shared.issuperset(named[cut:]) and shared.isdisjoint(named[:cut]):
-                # The shared blocks are the request's leading ones (its prefix hit; tail
-                # first they come last), each held once: they lose this holder and stay in
-                # use, the rest go free.
-                _decrement(extra, named[cut:])
-                freed = named[:cut]
-                self._used.difference_update(freed)
-            elif (shared := list(filter(extra.__contains__, named))) and len(set(shared)) == len(
-                shared
-            ):
-                freed = list(filterfalse(extra.__contains__, named))
-                _decrement(extra, shared)
-                self._used.difference_update(freed)
-            else:  # a key held twice by this request: count down block by block
-                used, freed = self._used, []
-                for key in named:
-                    count = extra.get(key)
-                    if count:
-                        if count == 1:
-                            del extra[key]
-                        else:
-                            extra[key] = count - 1
+        # Blocks held by others too are usually the request's leading ones (its prefix hit),
+        # so they are counted from the head, at the cost of the hit, and only the rest is
+        # checked block by block.
+        lead = len(list(takewhile(extra.__contains__, keys))) if extra else 0
+        rest = named[: len(named) - lead] if lead else named
+        if not extra or (
+            extra.keys().isdisjoint(rest) and (lead < 2 or len(set(keys[:lead])) == lead)
+        ):
+            # Every other block has this request as its only holder (a key held twice
+            # would be in `_extra`): the leading shared blocks, each held once, lose this
+            # holder and stay in use; the rest go to the back of the queue, tail first.
+            if lead:
+                _decrement(extra, list(keys[:lead]))
+            self._used.difference_update(rest)
+            freed = rest
+        elif (shared := list(filter(extra.__contains__, named))) and len(set(shared)) == len(shared):
+            freed = list(filterfalse(extra.__contains__, named))
+            _decrement(extra, shared)
+            self._used.difference_update(freed)
+        else:  # a key held twice by this request: count down block by block
+            used, freed = self._used, []
+            for key in named:
+                count = extra.get(key)
+                if count:
+                    if count == 1:
+                        del extra[key]
                     else:
-                        used.remove(key)
-                        freed.append(key)
-            if not freed:
-                return
+                        extra[key] = count - 1
+                else:
+                    used.remove(key)
+                    freed.append(key)
+        if not freed:
+            return
         self._segments.append(freed)
         self._num_free_entries += len(freed)
 
