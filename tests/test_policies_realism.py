@@ -38,6 +38,23 @@ def test_estimate_ttft_with_decodes_and_queue_hand_computed():
     assert estimate_ttft(inst, 30, 0, LIN, 64, 256) == pytest.approx(step1 + step2, rel=1e-12)
 
 
+def test_estimate_ttft_gives_up_at_the_first_step_past_the_limit():
+    inst = FakeInstance(0, num_running=1, num_waiting=1, queue=[(200, 0)])
+    # Budget 64, 1 decode: the queued prompt takes 63, 63, 63 then its last 11 beside ours.
+    s1 = 0.01 + 63e-4 + 1e-3 + 1e-6 * (0 + 63)
+    s2 = 0.01 + 63e-4 + 1e-3 + 1e-6 * (1 + 126)
+    s3 = 0.01 + 63e-4 + 1e-3 + 1e-6 * (2 + 189)
+    full = estimate_ttft(inst, 30, 0, LIN, 64, 256)
+    assert full > s1 + s2 + s3
+    # A limit inside step 2 stops the replay at its end; a limit at or above the answer
+    # changes nothing, so the verdict "TTFT <= limit" is the same either way.
+    assert estimate_ttft(inst, 30, 0, LIN, 64, 256, give_up_above=s1 + 1e-6) == pytest.approx(
+        s1 + s2, rel=1e-12
+    )
+    assert estimate_ttft(inst, 30, 0, LIN, 64, 256, give_up_above=full) == full
+    assert estimate_ttft(inst, 30, 0, LIN, 64, 256, give_up_above=0.0) == pytest.approx(s1, rel=1e-12)
+
+
 def test_estimate_ttft_partial_prefill_is_already_admitted():
     inst = FakeInstance(0, num_running=1, num_prefilling=1, queue=[(10, 54)])
     # max_num_seqs 2: the partial prefill runs without a new slot, ours takes the second.

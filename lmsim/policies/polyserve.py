@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_number, estimator_cost_model, pick_min
+from lmsim.policies._common import check_number, estimator_cost_model
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 from lmsim.policies.predictive import estimate_ttft
 
@@ -111,29 +112,38 @@ class PolyServe(Policy):
         isl = request.input_tokens
         cm = self.cost_model
         ttft_slo, tpot_slo = self.slo[cls]
-        ttft_cache: dict[int, float] = {}
-
-        def ttft(i: int) -> float:
-            if i not in ttft_cache:
-                ttft_cache[i] = estimate_ttft(
-                    inst[i], isl - cached[i], cached[i], cm,
-                    ctx.max_num_batched_tokens, ctx.max_num_seqs,
-                )
-            return ttft_cache[i]
 
         def feasible(i: int) -> bool:
             v = inst[i]
             b = v.batch_size + 1
             tpot = cm.step_time((), b, v.total_tokens + isl + b)
-            return tpot <= tpot_slo and ttft(i) <= ttft_slo
+            if tpot > tpot_slo:
+                return False
+            # Only the verdict is needed here: the replay stops once it passes the SLO.
+            return estimate_ttft(
+                v, isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens, ctx.max_num_seqs,
+                give_up_above=ttft_slo,
+            ) <= ttft_slo
 
         tighter = sorted(
             (c for c in range(len(self.slo)) if self.slo[c][1] < tpot_slo),
             key=lambda c: -self.slo[c][1],
         )
         for c in [cls, *tighter]:
-            ok = [i for i in self.bins[c] if feasible(i)]
-            if ok:
-                return max(ok, key=lambda i: (inst[i].batch_size, -i))
-        own = self.bins[cls]
-        return own[pick_min([ttft(i) for i in own], "first", ctx.rng)]
+            # The packing target is the feasible instance with the largest (BS, -id): trying
+            # the bin in that order, the first feasible one is it, and the (costly) TTFT
+            # replays of the instances after it are never needed.
+            for i in sorted(self.bins[c], key=lambda i: (-inst[i].batch_size, i)):
+                if feasible(i):
+                    return i
+        # None feasible: the lowest TTFT_hat, ties to the lowest id. A replay that passes the
+        # best so far is cut short: its instance can be neither the minimum nor tied with it.
+        best_i, best = -1, math.inf
+        for i in self.bins[cls]:
+            t = estimate_ttft(
+                inst[i], isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens,
+                ctx.max_num_seqs, give_up_above=best,
+            )
+            if t < best or best_i < 0:
+                best_i, best = i, t
+        return best_i

@@ -27,6 +27,7 @@ def estimate_ttft(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     in_flight: tuple[float, list[int]] | None = None,
+    give_up_above: float = math.inf,
 ) -> float:
     """Seconds from now until the first token of a request with `uncached_tokens` to compute
     (`cached_tokens` already in KV) appended to the instance's waiting queue, replaying
@@ -51,6 +52,8 @@ def estimate_ttft(
         interleaved in admission order; partial prefills are usually the newest);
       * no preemption, no KV-capacity limit on admission.
     Returns `inf` if the prefill can never progress (decodes alone exhaust the budget).
+    With `give_up_above`, the replay stops at the first step that ends later than it and
+    returns that time: enough to decide "TTFT <= limit" without replaying a long queue.
     """
     budget_max = max_num_batched_tokens
     decodes = state.num_running - state.num_prefilling
@@ -111,7 +114,7 @@ def estimate_ttft(
         if not chunks and not ones:
             return math.inf
         elapsed += step_time(chunks, nd + ones, run_ctx + ones_ctx)
-        if target[0] == 0:
+        if target[0] == 0 or elapsed > give_up_above:
             return elapsed
         dctx += nd
         still = []
