@@ -51,6 +51,8 @@ step) used only to order rows.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from math import erf
 from statistics import NormalDist
 from typing import Any
 
@@ -62,6 +64,8 @@ from lmsim.workload.generators.chat import _session_cumsum
 from lmsim.workload.generators.coder_fit import GRID, load_calibration
 from lmsim.workload.generators.registry import GENERATORS
 from lmsim.workload.trace import Trace
+
+_SQRT2 = math.sqrt(2.0)
 
 # Bumped whenever the same parameters and seed give a different trace (capacity cache keys).
 # 3: tables fitted on the real sessions; 4: block-id rewrites, compaction thresholds
@@ -344,13 +348,15 @@ class CoderGenerator:
         if not rho:
             return u
         nd = NormalDist()
-        e = [nd.inv_cdf(min(max(float(x), 1e-12), 1.0 - 1e-12)) for x in u]
+        e = [nd.inv_cdf(min(max(x, 1e-12), 1.0 - 1e-12)) for x in u.tolist()]
         s = math.sqrt(1.0 - rho * rho)
         z = e[:]
         for i in range(1, len(e)):
             if not first[i]:
                 z[i] = rho * z[i - 1] + s * e[i]
-        return np.array([nd.cdf(x) for x in z])
+        # NormalDist().cdf(x) is 0.5 * (1 + erf((x - 0) / (1 * sqrt 2))): the same operations
+        # without a method call per step.
+        return np.array([0.5 * (1.0 + erf(x / _SQRT2)) for x in z])
 
     def _contexts(
         self, first: np.ndarray, start: np.ndarray, window_u: np.ndarray,
@@ -359,7 +365,8 @@ class CoderGenerator:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Input of every step, and which steps shrink (a shrink or a compaction). Growth
         and shrink chances depend on the context reached, so this walks the steps in order
-        (about a second per 10^5 steps).
+        (about a second per 10^5 steps). Python's round() on a numpy scalar costs 20x
+        its cost on a float, hence the float() around every rounded product.
 
         Compaction thresholds T come from the real distribution (`compact_levels`,
         `compact_cdf`), always above the size a segment starts at (a chain's first step or
@@ -375,14 +382,16 @@ class CoderGenerator:
         cal = self.cal
         cmax = self.p["max_context_tokens"]
         limit = math.inf if cmax is None else cmax
-        edges = np.asarray(cal["input_bin_edges"])
-        hazard = np.asarray(cal["shrink_prob_by_input"])
-        levels = np.asarray(cal["compact_levels"], dtype=np.float64)
-        cdf = np.asarray(cal["compact_cdf"], dtype=np.float64)
+        # The calibration's short tables as float lists: bisect_right on them is
+        # np.searchsorted(side="right") without numpy's per-call cost, once per step.
+        edges = np.asarray(cal["input_bin_edges"], dtype=np.float64).tolist()
+        hazard = np.asarray(cal["shrink_prob_by_input"], dtype=np.float64).tolist()
+        levels = np.asarray(cal["compact_levels"], dtype=np.float64).tolist()
+        cdf = np.asarray(cal["compact_cdf"], dtype=np.float64).tolist()
         top = float(cdf[-1]) if len(cdf) else 0.0
 
         def threshold(i: int, size: int, first_segment: bool) -> float:
-            below = int(np.searchsorted(levels, size, side="right"))
+            below = bisect_right(levels, size)
             lo = float(cdf[below - 1]) if below else 0.0
             if lo >= top:
                 return math.inf
@@ -392,7 +401,7 @@ class CoderGenerator:
                     return math.inf
             else:
                 u = lo + threshold_u[i] * (top - lo)
-            return float(levels[min(int(np.searchsorted(cdf, u, side="right")), len(levels) - 1)])
+            return float(levels[min(bisect_right(cdf, u), len(levels) - 1)])
 
         n = len(first)
         inp = np.zeros(n, dtype=np.int64)
@@ -403,23 +412,23 @@ class CoderGenerator:
             if first[i]:
                 x = int(start[i])
                 # a resumed session larger than the window starts from a summary of it
-                prev = round(limit_ratio[i] * limit) if x > limit else x
+                prev = round(float(limit_ratio[i]) * limit) if x > limit else x
                 inp[i] = prev
                 at = threshold(i, prev, True)
                 continue
             if prev >= at:
-                nxt = max(1, round(limit_ratio[i] * prev))
+                nxt = max(1, round(float(limit_ratio[i]) * prev))
                 shrunk[i] = True
                 at = threshold(i, nxt, False)
             else:
-                b = int(np.searchsorted(edges, prev, side="right"))
+                b = bisect_right(edges, prev)
                 if shrink_u[i] < hazard[b]:
-                    nxt = max(1, round(shrink_ratio[i] * prev))
+                    nxt = max(1, round(float(shrink_ratio[i]) * prev))
                     shrunk[i] = True
                 else:
-                    nxt = prev + max(0, round(growth_by_bin[b, i]))
+                    nxt = prev + max(0, round(float(growth_by_bin[b, i])))
                     if nxt > limit:
-                        nxt = max(1, round(limit_ratio[i] * prev))
+                        nxt = max(1, round(float(limit_ratio[i]) * prev))
                         shrunk[i] = True
                         if at != math.inf:  # a large-window agent stays one
                             at = threshold(i, nxt, False)
