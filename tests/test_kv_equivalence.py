@@ -52,6 +52,7 @@ class Pair:
 
     def call(self, inst: int, name: str, *args):
         new_args = [list(a) if isinstance(a, list) else a for a in args]
+        version, cached = self.new[inst].version, set(self.new[inst].cached_hashes)
         if name == "register_one":  # the one-block fast path; the reference registers a range
             hashes, keys, j = args
             got = self.new[inst].register_one(*new_args)
@@ -62,6 +63,10 @@ class Pair:
         assert got == want, (name, args)
         if name in ("register_range", "register_one"):  # fill `keys` in place
             assert new_args[1] == args[1]
+        # A match remembered under a version must still hold while the version is unchanged.
+        if self.new[inst].version == version:
+            assert self.new[inst].cached_hashes == cached, name
+        assert all(c.version != version for c in self.new[:inst] + self.new[inst + 1 :])
         return want
 
     def assert_same_state(self, probes: list[list[int]]) -> None:

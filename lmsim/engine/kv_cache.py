@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence, Set
-from itertools import compress, filterfalse, islice, repeat, takewhile
+from itertools import compress, count, filterfalse, islice, repeat, takewhile
 
 import numpy as np
 
@@ -195,6 +195,9 @@ class PrefixCache:
         self._used: set[int] = set()
         self._extra: Counter[int] = Counter()
         self._cached: set[int] = set()
+        # Changes whenever `_cached` may have changed; unique across caches, so a match
+        # remembered with it stays valid exactly while the version does.
+        self.version = next(_VERSIONS)
         self._odd: dict[int, list[int]] = {}
         self._dup_hash: dict[int, int] = {}  # duplicate key -> its hash
         self._next_dup = ANON - 1
@@ -365,6 +368,7 @@ class PrefixCache:
             return
         evicted = self._pop_free(count - take)
         self.num_evictions += len(evicted)
+        self.version = next(_VERSIONS)
         odd = self._odd
         if not odd or (min(evicted) >= 0 and odd.keys().isdisjoint(evicted)):
             # Only entries that are the single copy of their hash: each eviction drops it.
@@ -437,6 +441,7 @@ class PrefixCache:
         run = hashes[first:last]
         cached = self._cached
         before = len(cached)
+        self.version = next(_VERSIONS)
         if cached.isdisjoint(run):
             cached.update(run)
             if len(cached) - before < len(run):  # a hash repeated in the run: undo
@@ -475,6 +480,7 @@ class PrefixCache:
             self.register_range(hashes, keys, j, j + 1)
             return
         cached.add(h)
+        self.version = next(_VERSIONS)
         self._used.add(h)
         keys[j] = h
         for listener in self._listeners:
@@ -564,6 +570,7 @@ class PrefixCache:
         return problems
 
 
+_VERSIONS = count(1)
 _COMPACT_SLACK = 1024  # stale occurrences tolerated in the free queue beyond the valid ones
 _ANON_NE = ANON.__ne__
 _minus_one = (-1).__add__

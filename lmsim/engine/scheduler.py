@@ -158,7 +158,14 @@ class InstanceScheduler:
         if not self.enable_prefix_caching:
             return 0
         cap = (request.num_tokens_target - 1) // self.block_size
-        return self.cache.match(request.kv_hashes, cap)
+        # A waiting request is matched again at every routing decision that replays the
+        # queue (llmd) and every plan; most find the cache as they left it.
+        version = self.cache.version
+        if request.hit_version == version and request.hit_cap == cap:
+            return request.hit_blocks
+        hit = self.cache.match(request.kv_hashes, cap)
+        request.hit_version, request.hit_cap, request.hit_blocks = version, cap, hit
+        return hit
 
     def queued_prefills(self) -> list[tuple[int, int]]:
         out = [(r.num_tokens_target - r.num_computed_tokens, r.num_computed_tokens) for r in self.prefilling]
