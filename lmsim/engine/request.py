@@ -79,9 +79,9 @@ class Request:
     finish_step: int = 0  # step counter value at whose end a decoding request finishes
     decoding: bool = False
     # The last prefix-cache match: valid while the cache's version and the cap are these.
-    hit_version: int = 0
-    hit_cap: int = -1
-    hit_blocks: int = 0
+    hit_memo_version: int = 0
+    hit_memo_cap: int = -1
+    hit_memo_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_hashes is None:

@@ -161,10 +161,10 @@ class InstanceScheduler:
         # A waiting request is matched again at every routing decision that replays the
         # queue (llmd) and every plan; most find the cache as they left it.
         version = self.cache.version
-        if request.hit_version == version and request.hit_cap == cap:
-            return request.hit_blocks
+        if request.hit_memo_version == version and request.hit_memo_cap == cap:
+            return request.hit_memo_blocks
         hit = self.cache.match(request.kv_hashes, cap)
-        request.hit_version, request.hit_cap, request.hit_blocks = version, cap, hit
+        request.hit_memo_version, request.hit_memo_cap, request.hit_memo_blocks = version, cap, hit
         return hit
 
     def queued_prefills(self) -> list[tuple[int, int]]:
@@ -338,22 +338,15 @@ class InstanceScheduler:
             self._alloc_through = end
             return
         total = self._blocks_for_steps(start, end)
-        if total <= cache.num_plain_free:
-            if total:
-                cache.allocate_anonymous_run(total)
-            for st in range(start, end):
-                bucket = fills[st % bs]
-                if bucket:
-                    for request in list(bucket):
-                        self._cache_filled_block(request, st)
-            self._alloc_through = end
-            return
-        step_by_step = cache.has_listeners
+        batched = total <= cache.num_plain_free  # nothing to evict: the span at once
+        if batched and total:
+            cache.allocate_anonymous_run(total)
+        step_by_step = not batched and cache.has_listeners
         cached = cache.cached_hashes
         deferred = 0
         for st in range(start, end):
             i = st % bs
-            if phase[i]:
+            if phase[i] and not batched:
                 if step_by_step:
                     cache.allocate_anonymous_run(phase[i])
                 else:
