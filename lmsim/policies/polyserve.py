@@ -113,17 +113,18 @@ class PolyServe(Policy):
         cm = self.cost_model
         ttft_slo, tpot_slo = self.slo[cls]
 
+        def ttft(i: int, give_up_above: float) -> float:
+            return estimate_ttft(
+                inst[i], isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens,
+                ctx.max_num_seqs, give_up_above=give_up_above,
+            )
+
         def feasible(i: int) -> bool:
             v = inst[i]
             b = v.batch_size + 1
             tpot = cm.step_time((), b, v.total_tokens + isl + b)
-            if tpot > tpot_slo:
-                return False
-            # Only the verdict is needed here: the replay stops once it passes the SLO.
-            return estimate_ttft(
-                v, isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens, ctx.max_num_seqs,
-                give_up_above=ttft_slo,
-            ) <= ttft_slo
+            # Only the verdict is needed: the replay stops once it passes the SLO.
+            return tpot <= tpot_slo and ttft(i, ttft_slo) <= ttft_slo
 
         tighter = sorted(
             (c for c in range(len(self.slo)) if self.slo[c][1] < tpot_slo),
@@ -140,10 +141,7 @@ class PolyServe(Policy):
         # best so far is cut short: its instance can be neither the minimum nor tied with it.
         best_i, best = -1, math.inf
         for i in self.bins[cls]:
-            t = estimate_ttft(
-                inst[i], isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens,
-                ctx.max_num_seqs, give_up_above=best,
-            )
+            t = ttft(i, best)
             if t < best or best_i < 0:
                 best_i, best = i, t
         return best_i
