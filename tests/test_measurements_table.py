@@ -89,6 +89,13 @@ def test_every_row_cites_a_source_and_a_url(rows):
     assert [r["id"] for r in rows if not r["engine"].strip()] == []
 
 
+def test_repository_files_are_cited_at_a_fixed_commit(rows):
+    # a file on a branch can change under the row; a blob URL at a commit cannot
+    blob = re.compile(r"https://github\.com/[^/]+/[^/]+/blob/([^/]+)/")
+    floating = [r["id"] for r in rows for m in [blob.match(r["url"])] if m and not re.fullmatch(r"[0-9a-f]{40}", m.group(1))]
+    assert floating == []
+
+
 def test_keys_kinds_units_and_dtypes_are_known(rows):
     assert {r["gpu"] for r in rows} <= GPUS
     assert {r["kind"] for r in rows} <= set(KINDS)
