@@ -9,7 +9,12 @@ For every generated scenario, with every invariant checked after every step
   and every request fits in the KV pool on its own); a quarter of the scenarios add a queue
   cap or a short drain limit, and then every request is accounted for as finished,
   rejected, unfinished or (a closed-loop successor that was never released) not arrived;
-* fast-forward on and off give identical requests tables.
+* fast-forward on and off give identical requests tables, under every router view: the
+  router may read the instances through an approximate prefix index, through KV events
+  published with a delay, or through load scraped periodically, and a periodic scrape or a
+  delayed event must see the same state whether the decode steps before it were stepped
+  one by one or fast-forwarded (outputs up to 300 tokens make long runs for scrapes and
+  events to fall inside).
 
 Requests that cannot fit in the whole pool are rejected by design; that rule has its own
 property below. The quick profiles run in CI (derandomized, so CI is reproducible); the
@@ -45,6 +50,19 @@ PROFILES = {
     "linear_context": {**LINEAR, "per_context_token_s": 1e-6},
     "tiny_tables": TINY_TABLES,
 }
+# What the router knows (`router.view`): exact, the router's own approximate index, KV events
+# delayed or not, load scraped every 10 or 50 ms (inside decode runs of 10 ms steps).
+VIEWS = [
+    {},
+    {"kv_view": "approximate"},
+    {"kv_view": "approximate", "approx_ttl_s": 0.05},
+    {"kv_view": "events", "kv_event_delay_s": 0.0},
+    {"kv_view": "events", "kv_event_delay_s": 0.01},
+    {"kv_view": "events", "kv_event_delay_s": 0.05},
+    {"load_view": "scraped", "scrape_interval_s": 0.01},
+    {"load_view": "scraped", "scrape_interval_s": 0.05},
+    {"kv_view": "events", "kv_event_delay_s": 0.02, "load_view": "scraped", "scrape_interval_s": 0.03},
+]
 # A livelock would advance simulated time forever (every step costs >= 10 ms); the drain
 # limit turns it into unfinished requests, which the assertions report, instead of a hang.
 HANG_GUARD_S = 10_000.0
@@ -95,6 +113,7 @@ class Scenario:
     admission: str = "first_chunk"
     max_waiting: int | None = None  # None: every request must finish
     drain_limit_s: float = HANG_GUARD_S  # shorter: the run is cut while requests remain
+    view: dict = field(default_factory=dict)  # router.view
 
     @property
     def must_finish_all(self) -> bool:
@@ -144,7 +163,7 @@ class Scenario:
                 "max_waiting": self.max_waiting,
                 "admission": self.admission,
             },
-            router={"policy": self.policy},
+            router={"policy": self.policy, "view": self.view},
             simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
         )
 
@@ -154,7 +173,7 @@ class Scenario:
 
 @st.composite
 def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
-    num_blocks = draw(st.integers(4, 32))
+    num_blocks = draw(st.sampled_from([4, 8, 12, 16, 24, 32, 48]))
     pool_tokens = num_blocks * BS
     num_families = draw(st.integers(1, 3))
     sc = Scenario(
@@ -169,7 +188,9 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         seed=draw(st.integers(0, 3)),
         profile=draw(st.sampled_from(sorted(PROFILES))),
         admission=draw(st.sampled_from(["first_chunk", "first_chunk", "full_sequence", "whole_prompt_watermark"])),
+        view=draw(st.sampled_from(VIEWS)),
     )
+    long_outputs = draw(st.booleans())  # up to 300 tokens: long decode runs
     if fit and draw(st.integers(0, 3)) == 0:
         # a quarter of the scenarios also overload: a queue cap and/or a drain limit
         sc.max_waiting = draw(st.sampled_from([None, 1, 3]))
@@ -177,6 +198,7 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
     for i in range(draw(st.integers(1, 12))):
         family = draw(st.integers(-1, num_families - 1))
         limit = min(pool_tokens, 200)
+        max_out = 300 if long_outputs else 60
         prev = sc.rows[-1] if sc.rows else None
         # a next turn re-sends the previous prompt and answer, plus a little
         continues = (
@@ -185,7 +207,7 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         )
         if continues:
             inp = draw(st.integers(prev.input_tokens + prev.output_tokens, limit))
-            out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
+            out = draw(st.integers(1, min(pool_tokens - inp + 1, max_out)))
         elif fit:
             # prompt + output - 1 tokens must fit in the pool (the last sampled token is
             # never stored); anything larger is rejected, tested separately. A prompt
@@ -194,7 +216,7 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
             inp = draw(st.integers(1, limit))
             if family >= 0 and draw(st.integers(0, 3)) == 0:
                 inp = min(sc.family_blocks[family] * BS, limit)
-            out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
+            out = draw(st.integers(1, min(pool_tokens - inp + 1, max_out)))
         else:
             inp = draw(st.integers(1, pool_tokens + 64))
             out = draw(st.integers(1, 60))

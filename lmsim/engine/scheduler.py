@@ -112,6 +112,9 @@ class InstanceScheduler:
         self.steps_done = 0  # completed steps
         self._alloc_through = 0  # steps whose block allocations have been applied
         self._run_start = 0  # first step of the planned step/run
+        # The step whose scheduling is changing the cache now: its KV events are published
+        # when it ends. Kept only while the cache has listeners.
+        self.event_step = 0
         self._run_end = 0  # step index after the planned step/run
         self._admit_counter = 0
 
@@ -199,6 +202,7 @@ class InstanceScheduler:
         budget = self.max_num_batched_tokens
         num_dec = self.num_decoding
         self._run_start = s
+        self.event_step = s
         decodes_allocated = False
         decode_only = not self.prefilling and num_dec and num_dec <= budget
         if decode_only and self._phase[s % self.block_size] <= self.cache.num_free_blocks:
@@ -328,7 +332,10 @@ class InstanceScheduler:
         bs = self.block_size
         phase = self._phase
         fills = self._fills
+        listened = cache.has_listeners
         if end - start == 1:
+            if listened:
+                self.event_step = start
             i = start % bs
             if phase[i]:
                 cache.allocate_anonymous_run(phase[i])
@@ -341,10 +348,12 @@ class InstanceScheduler:
         batched = total <= cache.num_plain_free  # nothing to evict: the span at once
         if batched and total:
             cache.allocate_anonymous_run(total)
-        step_by_step = not batched and cache.has_listeners
+        step_by_step = not batched and listened
         cached = cache.cached_hashes
         deferred = 0
         for st in range(start, end):
+            if listened:
+                self.event_step = st
             i = st % bs
             if phase[i] and not batched:
                 if step_by_step:

@@ -17,7 +17,7 @@ import simpy
 
 from lmsim.config import ExperimentConfig
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
-from lmsim.engine.instance import Instance
+from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
 from lmsim.engine.metrics import EXCEEDS_KV_CACHE, PROMPT_TOO_LONG, QUEUE_FULL, Recorder
 from lmsim.engine.request import Request, RequestState
@@ -55,8 +55,7 @@ class _Context:
         self._sim.add_periodic(period_s, callback)
 
     def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
-        env = self._sim.env
-        self._sim.kv_listeners.append(lambda i, h, stored: callback(i, h, stored, env.now))
+        self._sim.subscribe_kv_events(callback)
 
     def record_event(self, kind: str, **fields: Any) -> None:
         self._sim.router_events.append({"time_s": self._sim.env.now, "kind": kind, **fields})
@@ -73,6 +72,7 @@ class Simulation:
         # vLLM v0 / Vidur: int(fraction * blocks)
         self.watermark_blocks = int(cfg.watermark_blocks_fraction * self.num_blocks)
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
+        self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
         self.router_events: list[dict[str, Any]] = []
         self.index = GlobalPrefixIndex(cfg.num_instances)
         self.recorder = Recorder(len(trace), trace.output_tokens)
@@ -160,6 +160,25 @@ class Simulation:
         adapter.bind(_Context(self, rng))
         return adapter
 
+    # -- KV events -----------------------------------------------------------------------
+
+    def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
+        """`callback(instance_id, block_hash, stored, published_at)` for every block an
+        instance's cache stores or evicts, stamped by the instance with the end of the step
+        that changed it (see `Instance.on_kv_event`)."""
+        if not self._kv_subscribers:
+            for instance in self.instances:
+                instance.kv_sink = self._publish_kv_event
+            self.kv_listeners.append(self._on_cache_kv_event)
+        self._kv_subscribers.append(callback)
+
+    def _on_cache_kv_event(self, instance_id: int, block_hash: int, stored: bool) -> None:
+        self.instances[instance_id].on_kv_event(block_hash, stored)
+
+    def _publish_kv_event(self, instance_id: int, block_hash: int, stored: bool, at: float) -> None:
+        for callback in self._kv_subscribers:
+            callback(instance_id, block_hash, stored, at)
+
     # -- periodic work -------------------------------------------------------------------
 
     def add_periodic(self, period_s: float, callback: Callable[[float], None]) -> None:
@@ -172,6 +191,9 @@ class Simulation:
         def tick(_event: simpy.Event) -> None:
             if not self._work_remains():
                 return
+            # A scrape or a policy's timer reads the instances: decode runs first apply
+            # the steps that have started by now, as stepping one by one would have.
+            materialize_all(self.instances, self.env.now)
             callback(self.env.now)
             self._schedule_periodic(period_s, callback, n + 1)
 
@@ -179,7 +201,6 @@ class Simulation:
 
     def _sample(self, now: float) -> None:
         for instance in self.instances:
-            instance.materialize()
             s = instance.scheduler
             self.recorder.sample(
                 now,
