@@ -64,8 +64,10 @@ VIEWS = [
     {"kv_view": "events", "kv_event_delay_s": 0.02, "load_view": "scraped", "scrape_interval_s": 0.03},
 ]
 # A livelock would advance simulated time forever (every step costs >= 10 ms); the drain
-# limit turns it into unfinished requests, which the assertions report, instead of a hang.
-HANG_GUARD_S = 10_000.0
+# limit turns it into unfinished requests, which the assertions report, instead of a hang
+# (a scenario's work takes well under a minute even when served one request at a time), and
+# the invariant checks refuse an empty step outright.
+HANG_GUARD_S = 600.0
 
 QUICK = settings(
     max_examples=30,
@@ -111,6 +113,7 @@ class Scenario:
     seed: int = 0
     profile: str = "linear"
     admission: str = "first_chunk"
+    watermark_blocks_fraction: float = 0.01
     max_waiting: int | None = None  # None: every request must finish
     drain_limit_s: float = HANG_GUARD_S  # shorter: the run is cut while requests remain
     view: dict = field(default_factory=dict)  # router.view
@@ -162,6 +165,7 @@ class Scenario:
                 "profile": PROFILES[self.profile],
                 "max_waiting": self.max_waiting,
                 "admission": self.admission,
+                "watermark_blocks_fraction": self.watermark_blocks_fraction,
             },
             router={"policy": self.policy, "view": self.view},
             simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
@@ -190,6 +194,10 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         admission=draw(st.sampled_from(["first_chunk", "first_chunk", "full_sequence", "whole_prompt_watermark"])),
         view=draw(st.sampled_from(VIEWS)),
     )
+    if sc.admission == "whole_prompt_watermark":
+        # 0.01 leaves no watermark on these small pools; larger ones make a preempted
+        # request's prompt + outputs outgrow the pool beside it
+        sc.watermark_blocks_fraction = draw(st.sampled_from([0.01, 0.1, 0.25, 0.4]))
     long_outputs = draw(st.booleans())  # up to 300 tokens: long decode runs
     if fit and draw(st.integers(0, 3)) == 0:
         # a quarter of the scenarios also overload: a queue cap and/or a drain limit
@@ -198,6 +206,8 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
     for i in range(draw(st.integers(1, 12))):
         family = draw(st.integers(-1, num_families - 1))
         limit = min(pool_tokens, 200)
+        if sc.admission == "whole_prompt_watermark":
+            limit = min(limit, (num_blocks - int(sc.watermark_blocks_fraction * num_blocks)) * BS)
         max_out = 300 if long_outputs else 60
         prev = sc.rows[-1] if sc.rows else None
         # a next turn re-sends the previous prompt and answer, plus a little
@@ -210,7 +220,8 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
             out = draw(st.integers(1, min(pool_tokens - inp + 1, max_out)))
         elif fit:
             # prompt + output - 1 tokens must fit in the pool (the last sampled token is
-            # never stored); anything larger is rejected, tested separately. A prompt
+            # never stored), and under the watermark rule the prompt beside the
+            # watermark; anything larger is rejected, tested separately. A prompt
             # exactly as long as its family prefix gets a capped full hit: the engine
             # recomputes the last block, a duplicate cache entry.
             inp = draw(st.integers(1, limit))
@@ -241,11 +252,19 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
     status = list(on.requests.status.astype(str))
     counts = {k: status.count(k) for k in ("finished", "unfinished", "rejected", "not_arrived")}
     assert sum(counts.values()) == n, status
+    # Besides the queue cap, only the watermark rule turns a request away: one preempted
+    # after producing output that no longer fits beside the watermark.
+    reasons = on.requests.reject_reason.astype(object).fillna("-").tolist()
+    ignored = sum(r == "resume_exceeds_kv_cache" for r in reasons)
+    if ignored:
+        assert sc.admission == "whole_prompt_watermark", reasons
     if sc.must_finish_all:
-        assert counts["finished"] == n, status
+        assert counts["finished"] + ignored + counts["not_arrived"] == n, status
+        assert counts["rejected"] == ignored, reasons
+        assert not counts["not_arrived"] or ignored, status
     else:
         if sc.max_waiting is None:
-            assert counts["rejected"] == 0, status
+            assert counts["rejected"] == ignored, status
         if sc.drain_limit_s == HANG_GUARD_S:
             assert counts["unfinished"] == 0, status
     # Only a closed-loop successor may never arrive: its predecessor did not finish, or
@@ -254,6 +273,7 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
     for i, row in enumerate(sc.rows):
         if status[i] == "not_arrived":
             assert i > 0 and row.follows_previous, (i, status)
+            assert status[i - 1] != "rejected" or reasons[i - 1] in ("resume_exceeds_kv_cache", "queue_full")
             if status[i - 1] == "finished":
                 release = finished_at[i - 1] + row.think_ms / 1000
                 assert release >= on.summary["sim_time_s"] - 1e-12, (i, status)
@@ -265,6 +285,7 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
         event(f"preempted: {summary['num_preemptions'] > 0}")
         event(f"evicted: {summary['num_evictions'] > 0}")
         event(f"all finished: {counts['finished'] == n}")
+        event(f"resumed request dropped beside the watermark: {ignored > 0}")
     off = sc.run(fast_forward=False)
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
 
@@ -287,6 +308,7 @@ def test_random_scenarios_long(sc):
 @given(sc=scenarios(policy="round_robin", fit=False))
 def test_requests_larger_than_the_pool_are_rejected_and_only_they(sc):
     sc.num_instances = 1
+    sc.watermark_blocks_fraction = 0.01  # no watermark block on these pools: the pool alone decides
     for row in sc.rows:
         row.follows_previous = False  # a rejected predecessor would hide its successor
     r = sc.run()

@@ -29,6 +29,7 @@ from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 
 INF = float("inf")
 StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
+RejectListener = Callable[[Request], None]
 KVEventSink = Callable[[int, int, bool, float], None]  # (instance_id, hash, stored, published at)
 
 
@@ -47,11 +48,13 @@ class Instance:
         instance_id: int,
         scheduler: InstanceScheduler,
         on_step_end: StepListener,
+        on_rejected: RejectListener,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
         self.scheduler = scheduler
         self._on_step_end = on_step_end
+        self._on_rejected = on_rejected
         self._plan: StepPlan | None = None
         self._times: list[float] = []  # boundaries of the planned run: start, end of each step
         self._end_event: simpy.Event | None = None
@@ -148,6 +151,10 @@ class Instance:
         plan = self.scheduler.plan(self.env.now)
         self._planning = False
         self._plan = plan
+        if self.scheduler.rejected:
+            rejected, self.scheduler.rejected = self.scheduler.rejected, []
+            for request in rejected:
+                self._on_rejected(request)
         if plan is None:
             assert not self._kv_unstamped
             return

@@ -19,7 +19,13 @@ from lmsim.config import ExperimentConfig
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
-from lmsim.engine.metrics import EXCEEDS_KV_CACHE, PROMPT_TOO_LONG, QUEUE_FULL, Recorder
+from lmsim.engine.metrics import (
+    EXCEEDS_KV_CACHE,
+    PROMPT_TOO_LONG,
+    QUEUE_FULL,
+    RESUME_EXCEEDS_KV_CACHE,
+    Recorder,
+)
 from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
@@ -69,8 +75,11 @@ class Simulation:
         self.env = simpy.Environment()
         self.cost_model = load_cost_model(cfg.profile)
         self.num_blocks = self._kv_blocks()
-        # vLLM v0 / Vidur: int(fraction * blocks)
-        self.watermark_blocks = int(cfg.watermark_blocks_fraction * self.num_blocks)
+        # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
+        self.watermark_blocks = (
+            int(cfg.watermark_blocks_fraction * self.num_blocks)
+            if cfg.admission == "whole_prompt_watermark" else 0
+        )
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
         self.router_events: list[dict[str, Any]] = []
@@ -94,7 +103,9 @@ class Simulation:
                 admission=cfg.admission,
                 watermark_blocks=self.watermark_blocks,
             )
-            self.instances.append(Instance(self.env, i, scheduler, self._on_step_end))
+            self.instances.append(
+                Instance(self.env, i, scheduler, self._on_step_end, self._on_engine_rejected)
+            )
 
         seeds = np.random.SeedSequence(config.seed).spawn(2)
         self.policy: Policy = POLICIES.create(
@@ -257,9 +268,10 @@ class Simulation:
             schedule_at(self.env, stop_at, SAMPLE, self._stop)
 
     def _stop(self, _event: simpy.Event) -> None:
-        """The drain limit: stop once nothing more can arrive and the last arrival is
-        `drain_limit_s` old. A closed-loop successor released later re-arms it."""
-        if self._next_arrival() is not None or self._children:
+        """The drain limit: stop once nothing more is due to arrive and the last arrival is
+        `drain_limit_s` old. A closed-loop successor released before then arrives and
+        re-arms it; one whose predecessor is still running then never arrives."""
+        if self._next_arrival() is not None:
             return
         if self.env.now < self.last_arrival_s + self.drain_limit or self.live == 0:
             return  # not yet, or nothing left to cut short: the run ends by itself
@@ -337,6 +349,12 @@ class Simulation:
             self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
             return False
         return True
+
+    def _on_engine_rejected(self, request: Request) -> None:
+        """An instance dropped a waiting request that can never be admitted again; the
+        router hears of it as of a finished one (its in-flight counters)."""
+        self._reject(request, RESUME_EXCEEDS_KV_CACHE)
+        self.policy.on_finished(request)
 
     def _reject(self, request: Request, reason: int) -> None:
         request.state = RequestState.REJECTED
