@@ -68,6 +68,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     worker has none). The result names the worker's process (`pid`)."""
     from lmsim.engine.simulation import Simulation
     from lmsim.plugins import install_plugins
+    from lmsim.study.capacity import remember_capacities
     from lmsim.study.experiment import load_resolution, load_workload_trace
     from lmsim.study.rundir import save_run
 
@@ -75,6 +76,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     name = task["name"]
     try:
         install_plugins(task.get("plugins", ()))
+        remember_capacities(task.get("capacities", {}))
         config = validate(task["raw"], where=f"{task['where']} [{name}]")
         trace = load_workload_trace(config, Path(task["experiment_dir"]), log=_log_to_stderr(name))
         results = Simulation(config, trace).run()
@@ -94,8 +96,9 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 
 def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
     """Search, once and here in the parent, every capacity the runs' `load:` needs and no
-    cache has, so the search is announced with its probes on stderr and workers only look
-    it up (instead of each worker repeating the same search in silence)."""
+    cache has, so the search is announced with its probes on stderr, and send each run the
+    capacities it needs (`task["capacities"]`): workers only look them up, and a worker on
+    another machine, without this machine's cache, does not repeat the search in silence."""
     from lmsim.study.capacity import CapacitySearch, cache_key, lookup_capacity, resolve_capacity
     from lmsim.study.experiment import capacity_seed_config, capacity_trace, workload_identity
 
@@ -110,13 +113,14 @@ def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
             key = cache_key(identity, config, CapacitySearch())
         except Exception:
             continue  # the run itself reports what is wrong with it
-        if key in seen or lookup_capacity(key) is not None:
-            seen.add(key)
-            continue
+        if key not in seen and lookup_capacity(key) is None:
+            print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
+            resolve_capacity(capacity_trace(capacity_seed_config(config), experiment_dir), config, workload=identity,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
         seen.add(key)
-        print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
-        resolve_capacity(capacity_trace(capacity_seed_config(config), experiment_dir), config, workload=identity,
-                         log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+        found = lookup_capacity(key)
+        if found is not None:
+            task["capacities"] = {key: found}
 
 
 def _warm_trace_cache(tasks: list[dict[str, Any]]) -> None:

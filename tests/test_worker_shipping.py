@@ -1,5 +1,6 @@
-"""`--plugin` modules as sweep workers receive them (lmsim/plugins.py: `loaded_plugins`,
-`install_plugins`), without Dask: one fresh interpreter loads a plug-in as the CLI does and
+"""What a sweep sends its workers with each point, without Dask: the capacities `load:`
+needs (lmsim/study/execute.py), and `--plugin` modules (lmsim/plugins.py: `loaded_plugins`,
+`install_plugins`): one fresh interpreter loads a plug-in as the CLI does and
 pickles what a task carries; another, started in an empty folder where the file is not,
 installs it as a spawned or remote worker would. (The Dask paths themselves are in
 tests/test_sweep_dask.py, which needs the dask extra.)"""
@@ -113,3 +114,29 @@ def test_registering_the_same_class_again_replaces_it_and_another_class_is_refus
 
     with pytest.raises(ValueError, match="'x' is registered twice"):
         registry.register("x")(Other)
+
+
+def test_a_worker_uses_the_capacity_the_sweep_sent(tmp_path: Path) -> None:
+    # A worker on another machine has no capacity cache: the point carries the capacity
+    # the sweep resolved, and the run is scaled by it (load 0.5 x 40 req/s = 20 req/s)
+    # instead of searching.
+    import json
+
+    from test_sweep import tiny_experiment
+
+    from lmsim.config import validate
+    from lmsim.study.capacity import Capacity, CapacitySearch, cache_key
+    from lmsim.study.execute import run_point
+    from lmsim.study.experiment import capacity_seed_config, workload_identity
+
+    raw = tiny_experiment()
+    raw["workload"]["load"] = 0.5
+    raw["cluster"]["num_gpu_blocks"] = 4321  # a cluster no cache has
+    config = validate(raw, where="test")
+    key = cache_key(workload_identity(capacity_seed_config(config), tmp_path), config, CapacitySearch())
+    task = {"name": "p", "raw": raw, "where": "test", "experiment_dir": str(tmp_path), "out": str(tmp_path),
+            "capacities": {key: Capacity(40.0, "cached", key, [])}}  # fmt: skip
+    result = run_point(task)
+    assert result["ok"], result.get("traceback")
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["capacity_req_s"] == 40.0 and summary["load_rate_req_s"] == 20.0
