@@ -48,10 +48,11 @@ class LengthSpec:
     - `lognormal`: rint(`median` * exp(`sigma` * z)), z standard normal
     - `normal`: rint(`mean` + `std` * z)
 
-    The drawn kinds are clipped to [`min`, `max`] where given (`min` defaults to `lowest`)."""
+    The drawn kinds are clipped to [`min`, `max`] where given (`min` defaults to `lowest`: 1,
+    or 0 for an input behind a shared prefix); so is a range_ratio interval's low end,
+    where vLLM would refuse a prompt that can come out empty."""
 
     def __init__(self, spec: Any, range_ratio: float, *, name: str, lowest: int) -> None:
-        self.name = name
         if isinstance(spec, bool) or not isinstance(spec, int | float | dict):
             raise ConfigError(f"generator random: {name} must be a token count or a "
                               f"{{distribution: ...}} mapping, got {spec!r}")
@@ -96,10 +97,6 @@ class LengthSpec:
         if kind == "lognormal" and spec["median"] <= 0:
             raise ConfigError(f"generator random: {name}.median must be > 0")
         self.clip = (lo, hi)
-
-    @property
-    def low(self) -> int:
-        return self.clip[0]
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         a = self.args
