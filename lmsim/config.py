@@ -28,6 +28,11 @@ class GeneratorConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="generator parameters")
 
 
+class FormatConfig(_Strict):
+    name: str = Field(description="registered trace format (sharegpt, mooncake, ...)")
+    params: dict[str, Any] = Field(default_factory=dict, description="format parameters (only sharegpt has any)")
+
+
 class SampleConfig(_Strict):
     fraction: float = Field(gt=0, le=1, description="keep each request with this probability")
     seed: int = Field(0, ge=0, description="seed of the thinning draw")
@@ -36,7 +41,9 @@ class SampleConfig(_Strict):
 
 class WorkloadConfig(_Strict):
     trace: str | None = Field(None, description="trace file (canonical Parquet or raw format)")
-    format: str | None = Field(None, description="raw trace format; inferred when omitted")
+    format: str | FormatConfig | None = Field(
+        None, description="raw trace format, or {name, params}; inferred when omitted"
+    )
     generator: GeneratorConfig | None = Field(None, description="synthesize instead of loading")
     skip_bad_rows: bool = Field(False, description="skip and count malformed trace rows")
     start_s: float | None = Field(None, ge=0, description="keep arrivals at or after this time")
@@ -54,10 +61,20 @@ class WorkloadConfig(_Strict):
         None, gt=0, description="time-scale to this fraction of measured cluster capacity"
     )
 
+    @property
+    def format_name(self) -> str | None:
+        return self.format.name if isinstance(self.format, FormatConfig) else self.format
+
+    @property
+    def format_params(self) -> dict[str, Any]:
+        return dict(self.format.params) if isinstance(self.format, FormatConfig) else {}
+
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadConfig:
         if (self.trace is None) == (self.generator is None):
             raise ValueError("set exactly one of workload.trace and workload.generator")
+        if self.format is not None and self.trace is None:
+            raise ValueError("workload.format needs workload.trace (a generator takes generator.params)")
         scalers = [x for x in (self.time_scale, self.rate, self.load) if x is not None]
         if len(scalers) > 1:
             raise ValueError("set at most one of workload.time_scale, workload.rate, workload.load")

@@ -25,7 +25,11 @@ class Registry(Generic[T]):
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         def decorate(cls: type[T]) -> type[T]:
-            if name in self._entries:
+            old = self._entries.get(name)
+            # The same class of the same module registering again is that module imported
+            # anew (a sweep worker receiving an edited plug-in): the new class replaces it.
+            reimport = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+            if old is not None and not reimport:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = cls
             cls.registry_name = name  # type: ignore[attr-defined]

@@ -39,6 +39,9 @@ PINNED = {
     "agent": ({"num_requests": 400}, 3, 400, "af516d9c43b1bd3b", 3),
     "toolagent": ({"num_requests": 400}, 3, 400, "3242a83820c42f2e", 3),
     "coder": ({"num_requests": 400}, 3, 400, "bb0bc2e55a5f520c", 5),
+    "random": ({"num_requests": 400, "input_len": {"distribution": "lognormal", "median": 600, "sigma": 1.0},
+                "output_len": {"distribution": "uniform", "min": 64, "max": 192}, "prefix_len": 100,
+                "rate": 5.0, "burstiness": 0.5}, 3, 400, "08bcbc6350d5f715", 1),
 }
 
 

@@ -258,17 +258,6 @@ def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
-def test_dask_local_cluster_matches_local_pool(tmp_path: Path) -> None:
-    pytest.importorskip("distributed")
-    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(**copy.deepcopy(FOUR_RUNS)))
-    local = run_sweep(exp, out=tmp_path / "local", jobs=2, progress=False)
-    dask = run_sweep(exp, out=tmp_path / "dask", jobs=2, executor="dask", progress=False)
-    assert local.exit_code == dask.exit_code == 0 and len(dask.executed) == 4
-    pd.testing.assert_frame_equal(
-        comparable(read_index(tmp_path / "dask")), comparable(read_index(tmp_path / "local"))
-    )
-
-
 def test_scheduler_needs_dask_executor(tmp_path: Path) -> None:
     exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment())
     with pytest.raises(SweepError, match="--scheduler needs --executor dask"):

@@ -23,7 +23,7 @@ def ids(trace):
 
 
 def test_registry_names():
-    assert FORMATS.names() == ["azure", "bailian", "canonical", "claude_code", "mooncake", "vidur"]
+    assert FORMATS.names() == ["azure", "bailian", "canonical", "claude_code", "mooncake", "sharegpt", "vidur"]
 
 
 def test_mooncake_rows():

@@ -38,7 +38,7 @@ TARGETS = {
 
 
 def test_registry():
-    assert GENERATORS.names() == ["agent", "chatbot", "coder", "hotspot", "toolagent"]
+    assert GENERATORS.names() == ["agent", "chatbot", "coder", "hotspot", "random", "toolagent"]
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

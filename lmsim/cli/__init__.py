@@ -140,10 +140,10 @@ def _check_workload_source(config, where: str) -> None:
         GENERATORS.create(
             w.generator.name, dict(w.generator.params), where=f"{where}: workload.generator"
         )
-    elif w.format is not None:
+    elif w.format_name is not None:
         from lmsim.workload.formats import FORMATS
 
-        FORMATS.get(w.format, where=f"{where}: workload.format")
+        FORMATS.create(w.format_name, w.format_params, where=f"{where}: workload.format")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

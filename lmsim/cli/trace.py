@@ -32,6 +32,8 @@ def register_cli(subparsers: Any) -> None:
     conv.add_argument("input", metavar="IN")
     conv.add_argument("--format", choices=FORMATS.names(), default=None,
                       help="input format (default: from the file name or content)")
+    conv.add_argument("--param", action="append", default=[], metavar="K=V",
+                      help="format parameter (YAML value), repeatable; only sharegpt has any")
     conv.add_argument("--out", required=True, metavar="OUT.parquet")
     add_overwrite_option(conv, "--out file lmsim did not write")
     conv.add_argument("--skip-bad-rows", action="store_true",
@@ -43,6 +45,8 @@ def register_cli(subparsers: Any) -> None:
     st.add_argument("trace", metavar="TRACE")
     st.add_argument("--format", choices=FORMATS.names(), default=None)
     st.add_argument("--skip-bad-rows", action="store_true")
+    st.add_argument("--param", action="append", default=[], metavar="K=V",
+                    help="format parameter (YAML value), repeatable; only sharegpt has any")
     st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     st.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     st.set_defaults(func=cmd_stats)
@@ -84,7 +88,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     fmt = args.format or infer_format(Path(args.input))
     print(f"{args.input}: format {fmt}" + ("" if args.format else " (detected)"), flush=True)
     _fmt, count, skipped = convert_trace(
-        args.input, args.out, format=fmt, skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress
+        args.input, args.out, format=fmt, skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress,
+        params=parse_params(args.param),
     )
     note = f" ({skipped} bad rows skipped)" if skipped else ""
     print(f"wrote {count} requests to {args.out}{note}")
@@ -99,7 +104,7 @@ def _jsonable(v: Any) -> Any:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, params=parse_params(args.param))
     stats = trace_stats(trace)
     if args.json:
         print(json.dumps({k: _jsonable(v) for k, v in stats.items()}, indent=1))

@@ -220,8 +220,20 @@ def _write_cache(key: str, value: dict[str, Any], path: Path = CACHE_PATH) -> No
     os.replace(tmp, path)
 
 
+# Capacities a sweep's own process resolved and sent with its points (`remember_capacities`),
+# so a worker on another machine, whose cache lacks them, does not search them again.
+_sent: dict[str, Capacity] = {}
+
+
+def remember_capacities(found: dict[str, Capacity]) -> None:
+    _sent.update(found)
+
+
 def lookup_capacity(key: str) -> Capacity | None:
-    """The user cache first (a local re-measurement wins), then the shipped capacities."""
+    """What the sweep sent, then the user cache (a local re-measurement wins), then the
+    shipped capacities."""
+    if key in _sent:
+        return _sent[key]
     for path, source in ((None, "cached"), (BUNDLED_PATH, "shipped")):
         entry = (_read_cache() if path is None else _read_cache(path)).get(key)
         if entry is not None:

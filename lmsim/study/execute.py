@@ -63,14 +63,20 @@ def _log_to_stderr(name: str) -> Callable[[str], None]:
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
     """Run one point and save it; never raises for a failing run (the error is returned), so
-    both executors report failures the same way. Executed in a worker process."""
+    both executors report failures the same way. Executed in a worker process, which first
+    imports the sweep's plug-ins (`lmsim.plugins.install_plugins`: a spawned or remote
+    worker has none). The result names the worker's process (`pid`)."""
     from lmsim.engine.simulation import Simulation
+    from lmsim.plugins import install_plugins
+    from lmsim.study.capacity import remember_capacities
     from lmsim.study.experiment import load_resolution, load_workload_trace
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
     name = task["name"]
     try:
+        install_plugins(task.get("plugins", ()))
+        remember_capacities(task.get("capacities", {}))
         config = validate(task["raw"], where=f"{task['where']} [{name}]")
         trace = load_workload_trace(config, Path(task["experiment_dir"]), log=_log_to_stderr(name))
         results = Simulation(config, trace).run()
@@ -83,14 +89,16 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
             "ok": False,
             "error": f"{type(exc).__name__}: {message}",
             "traceback": traceback.format_exc(),
+            "pid": os.getpid(),
         }
-    return {"name": name, "ok": True, "wall_s": time.perf_counter() - started}
+    return {"name": name, "ok": True, "wall_s": time.perf_counter() - started, "pid": os.getpid()}
 
 
 def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
     """Search, once and here in the parent, every capacity the runs' `load:` needs and no
-    cache has, so the search is announced with its probes on stderr and workers only look
-    it up (instead of each worker repeating the same search in silence)."""
+    cache has, so the search is announced with its probes on stderr, and send each run the
+    capacities it needs (`task["capacities"]`): workers only look them up, and a worker on
+    another machine, without this machine's cache, does not repeat the search in silence."""
     from lmsim.study.capacity import CapacitySearch, cache_key, lookup_capacity, resolve_capacity
     from lmsim.study.experiment import capacity_seed_config, capacity_trace, workload_identity
 
@@ -105,13 +113,14 @@ def _resolve_capacities(tasks: list[dict[str, Any]]) -> None:
             key = cache_key(identity, config, CapacitySearch())
         except Exception:
             continue  # the run itself reports what is wrong with it
-        if key in seen or lookup_capacity(key) is not None:
-            seen.add(key)
-            continue
+        if key not in seen and lookup_capacity(key) is None:
+            print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
+            resolve_capacity(capacity_trace(capacity_seed_config(config), experiment_dir), config, workload=identity,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
         seen.add(key)
-        print(f"sweep: run {task['name']} needs a capacity no cache has", file=sys.stderr, flush=True)
-        resolve_capacity(capacity_trace(capacity_seed_config(config), experiment_dir), config, workload=identity,
-                         log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+        found = lookup_capacity(key)
+        if found is not None:
+            task["capacities"] = {key: found}
 
 
 def _warm_trace_cache(tasks: list[dict[str, Any]]) -> None:
@@ -354,7 +363,10 @@ def run_sweep(
 
     from tqdm import tqdm
 
+    from lmsim.plugins import loaded_plugins
+
     experiment_dir = str(Path(experiment).resolve().parent)
+    plugins = loaded_plugins()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_kind_marker(out_dir, "sweep")
@@ -370,7 +382,7 @@ def run_sweep(
                     outcome.stale.append(p.name)
                 todo.append({
                     "name": p.name, "raw": p.raw, "where": str(experiment),
-                    "experiment_dir": experiment_dir, "out": str(out_dir),
+                    "experiment_dir": experiment_dir, "out": str(out_dir), "plugins": plugins,
                 })  # fmt: skip
             write_spec(out_dir, str(experiment), raw, points)
             _resolve_capacities(todo)

@@ -64,7 +64,8 @@ def workload_identity(config: ExperimentConfig, experiment_dir: Path | None = No
             raise TraceError(f"{path}: cannot read the trace ({exc.strerror})") from None
         source = {
             "file_sha256": _file_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns),
-            "format": w.format, "skip_bad_rows": w.skip_bad_rows,
+            "format": w.format_name, "skip_bad_rows": w.skip_bad_rows,
+            **({"format_params": dict(sorted(w.format_params.items()))} if w.format_params else {}),
         }  # fmt: skip
     shape = {"start_s": w.start_s, "end_s": w.end_s, "sample": w.sample.model_dump() if w.sample else None}
     return {"source": source, "shape": shape}
@@ -128,14 +129,14 @@ def load_workload_trace(
     else:
         assert w.trace is not None
         path = resolve_path(w.trace, experiment_dir)
-        if w.format in (None, "canonical") and path.suffix == ".parquet":
+        if w.format_name in (None, "canonical") and path.suffix == ".parquet":
             trace = read_parquet(path)
         else:
             try:
                 from lmsim.workload.formats import load_trace
             except ImportError:
                 raise TraceError(f"{path}: raw trace formats are not available") from None
-            trace = load_trace(path, format=w.format, skip_bad_rows=w.skip_bad_rows)
+            trace = load_trace(path, format=w.format_name, skip_bad_rows=w.skip_bad_rows, params=w.format_params)
     trace = trace.compact()  # ids as int32 for the replay when they fit (half the memory)
     identity = workload_identity(capacity_seed_config(config), experiment_dir) if w.load is not None else None
     return shape_workload(trace, config, workload=identity, capacity=capacity, log=log)

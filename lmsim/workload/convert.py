@@ -36,17 +36,17 @@ ROW_GROUP_IDS = 1 << 20  # ids per Parquet row group (8 MB of int64 before compr
 
 def convert_trace(
     path: str | os.PathLike[str], out: str | os.PathLike[str], *, format: str | None = None,
-    skip_bad_rows: bool = False, progress: bool = False,
+    skip_bad_rows: bool = False, progress: bool = False, params: dict[str, Any] | None = None,
 ) -> tuple[str, int, int]:
     """Write `path` as canonical Parquet at `out` (a temporary file renamed into place).
-    Returns (format, rows written, bad rows skipped)."""
+    Returns (format, rows written, bad rows skipped). `params`: the format's parameters."""
     path, out = Path(path), Path(out)
     name = format or infer_format(path)
-    FORMATS.get(name, where="--format")
+    FORMATS.create(name, params, where=f"format {name}")
     if name == "claude_code":
         rows, skipped = _stream_claude_code(path, out, skip_bad_rows=skip_bad_rows, progress=progress)
         return name, rows, skipped
-    trace = load_trace(path, format=name, skip_bad_rows=skip_bad_rows, progress=progress)
+    trace = load_trace(path, format=name, skip_bad_rows=skip_bad_rows, progress=progress, params=params)
     trace.save(out)
     return name, len(trace), int(trace.meta.get("skipped_rows", "0"))
 

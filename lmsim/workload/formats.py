@@ -1,8 +1,7 @@
 """Trace loaders: every real trace format lmsim reads, mapped into the canonical `Trace`.
 
 Owns the `FORMATS` registry (`canonical`, `mooncake`, `bailian`, `claude_code`, `azure`,
-`vidur`)
-and `load_trace`, which picks a format from the file name or content. Each loader checks
+`vidur`, `sharegpt`) and `load_trace`, which picks a format from the file name or content. Each loader checks
 every row and reports the first bad one as a single line
 `<file>: line <n>: <field> <problem>` (1-based line numbers; for CSV the header is line 1).
 With `skip_bad_rows` the bad rows are dropped instead and counted in
@@ -18,6 +17,9 @@ How each format maps in (details in `traces/README.md`):
   `CLAUDE_CODE_SESSION_STAGGER_S` (see `ClaudeCodeFormat`).
 - azure: CSV of wall-clock timestamps and lengths; no hash ids (empty lists).
 - vidur: Vidur's processed trace CSV (`arrived_at` s, prefill and decode lengths); no hash ids.
+- sharegpt: conversations as text (no times, no lengths): lengths and block ids estimated
+  from the text, arrivals drawn (`lmsim.workload.sharegpt`). The only format with
+  parameters (`workload.format: {name: sharegpt, params: {...}}`, `trace convert --param`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 from lmsim.errors import TraceError
 from lmsim.progress import progress_bar
 from lmsim.registry import Registry
+from lmsim.workload.sharegpt import ShareGPTOptions, conversations_to_trace, read_conversations
 from lmsim.workload.trace import Trace, chain_roots, read_parquet
 
 FORMATS: Registry[Any] = Registry("trace format")
@@ -640,6 +643,75 @@ class VidurFormat:
         return trace
 
 
+def _json_values(fh: io.TextIOBase, path: Path) -> Iterator[tuple[int, int, Any]]:
+    """(1-based line, 0-based index, value) of each value of a JSON array, or of JSON
+    values one after another (JSON lines), read a megabyte at a time: the whole ShareGPT
+    file (600+ MB) is never one string. Bad JSON syntax stops the read (no resynchronizing
+    inside an array), whatever `skip_bad_rows` says."""
+    decoder = json.JSONDecoder()
+    buf, pos, line, index = "", 0, 1, 0
+    eof, started, array = False, False, False
+
+    def more() -> bool:
+        nonlocal buf, pos, eof
+        chunk = fh.read(max(1 << 20, len(buf) - pos))  # doubles while one value is cut off
+        eof = not chunk
+        buf, pos = buf[pos:] + chunk, 0
+        return not eof
+
+    while True:
+        while True:  # skip separators
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                line += buf[pos] == "\n"
+                pos += 1
+            if pos < len(buf) or not more():
+                break
+        if pos >= len(buf):
+            if array:
+                raise TraceError(f"{path}: line {line}: the JSON list is not closed (no ']')")
+            return
+        if not started:
+            started = True
+            if buf[pos] == "[":
+                array = True
+                pos += 1
+                continue
+        if array and buf[pos] == "]":
+            return
+        while True:
+            try:
+                value, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as exc:
+                if not eof and more():
+                    continue
+                at = line + buf.count("\n", pos, exc.pos)
+                raise TraceError(f"{path}: line {at}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if end == len(buf) and not isinstance(value, dict | list) and not eof and more():
+                continue  # a bare number may go on in the next chunk
+            break
+        yield line, index, value
+        line += buf.count("\n", pos, end)
+        pos = end
+        index += 1
+
+
+@FORMATS.register("sharegpt")
+class ShareGPTFormat(ShareGPTOptions):
+    """ShareGPT conversations (a JSON list, or JSON lines, of `{"conversations": [{"from",
+    "value"}, ...]}`), sampled as vLLM's benchmarks do; see `lmsim.workload.sharegpt` for
+    the mapping and `ShareGPTOptions` for the parameters. Errors name the entry's line and
+    index (`line 12: entry 3: conversations[1] needs ...`)."""
+
+    def load(self, path: Path, skip_bad_rows: bool = False) -> Trace:
+        _check_file(path)
+        rows = _Rows(path, skip_bad_rows, self.block_size, hashes_required=False)
+        with _open_text(path) as fh:
+            conversations, short = read_conversations(_json_values(fh, path), rows.bad, first_only=self.turns == "first")
+        trace = conversations_to_trace(conversations, self, source=str(path), too_short=short)
+        trace.meta["skipped_rows"] = str(rows.skipped)
+        return trace
+
+
 _EPOCH = np.datetime64("2020-01-01T00:00:00", "s")
 
 
@@ -676,6 +748,8 @@ def infer_format(path: Path) -> str:
         for key in ("chat_id", "hash_id_scope", "requests", "timestamp", "hash_ids"):
             if f'"{key}"' in first or f'"{key}"' in head:
                 keys.add(key)
+    if '"conversations"' in head and head.lstrip()[:1] in ("[", "{"):
+        return "sharegpt"
     if "chat_id" in keys:
         return "bailian"
     if "hash_id_scope" in keys or "requests" in keys:
@@ -690,14 +764,15 @@ def infer_format(path: Path) -> str:
 
 def load_trace(
     path: str | os.PathLike[str], *, format: str | None = None, skip_bad_rows: bool = False,
-    progress: bool = False,
+    progress: bool = False, params: dict[str, Any] | None = None,
 ) -> Trace:
     """Load any supported trace into the canonical format (`progress`: a bar of the bytes
-    read on stderr, when it is a terminal)."""
+    read on stderr, when it is a terminal; `params`: the format's parameters, which only
+    `sharegpt` has)."""
     path = Path(path)
     try:
         name = format or infer_format(path)
-        loader = FORMATS.create(name)
+        loader = FORMATS.create(name, params, where=f"format {name}")
         token = _PROGRESS.set(progress)
         try:
             return loader.load(path, skip_bad_rows)
