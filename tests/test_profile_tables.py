@@ -217,8 +217,8 @@ def test_unknown_profile_name():
 def test_unknown_gpu_or_model_in_generate(tmp_path):
     from lmsim.cli.profile import generate_one
 
-    with pytest.raises(ProfileError, match="unknown GPU 'a100'"):
-        generate_one("a100/qwen2-7b", tmp_path)
+    with pytest.raises(ProfileError, match="unknown GPU 'b300'"):
+        generate_one("b300/qwen2-7b", tmp_path)
     with pytest.raises(ProfileError, match="unknown model 'llama'"):
         generate_one("h20/llama", tmp_path)
 
