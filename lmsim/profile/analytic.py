@@ -62,6 +62,7 @@ class Efficiency:
     mfu_gemm: tuple[tuple[float, float], ...] = (
         (64, 0.68), (128, 0.74), (256, 0.78), (512, 0.80), (2048, 0.82), (8192, 0.83),
     )
+    gemm_mfu: float | None = None  # set: one large-M MFU replaces the mfu_gemm table
     weight_stream_eff: float = 0.80
     roofline_n: float | None = None  # None: hard knee max(compute, memory)
     gemm_launch_s: float = 0.0  # per GEMM (4 per layer, 1 lm_head)
@@ -70,6 +71,9 @@ class Efficiency:
     mfu_moe: tuple[tuple[float, float], ...] = (
         (16, 0.45), (64, 0.60), (256, 0.72), (512, 0.75), (2048, 0.78),
     )
+    moe_mfu: float | None = None  # set: mfu(n) = moe_mfu * n / (n + moe_half_rows) replaces the table
+    moe_half_rows: float = 16.0
+    moe_launch_s: float = 0.0  # per MoE layer (routing, align/sort, two grouped GEMMs)
     # prefill attention
     mfu_attn: tuple[tuple[float, float], ...] = (
         (128, 0.30), (1024, 0.52), (2048, 0.70), (4096, 0.80), (8192, 0.86),
@@ -84,6 +88,7 @@ class Efficiency:
     # decode attention
     kv_read_eff: float = 0.85
     attn_launch_per_layer_s: float = 17e-6
+    decode_head_s: float = 0.0  # per (sequence, KV head): split/merge and page-table work
     # Kernel efficiency by (kv heads per GPU, batch, per-sequence context), multiplying
     # kv_read_eff; an empty table means 1 everywhere.
     kv_eff_heads: tuple[float, ...] = ()
@@ -200,6 +205,8 @@ class Kernels:
 
     # -- GEMMs ------------------------------------------------------------------------------
     def gemm_mfu(self, m: np.ndarray) -> np.ndarray:
+        if self.eff.gemm_mfu is not None:
+            return np.full(np.shape(m), self.eff.gemm_mfu)
         return _loglin(self.eff.mfu_gemm, m)
 
     def gemm(self, m: np.ndarray, weights: float, *, fp8: bool = False, launches: int = 1) -> np.ndarray:
@@ -212,7 +219,8 @@ class Kernels:
         return launches * e.gemm_launch_s + roofline(compute, memory, e.roofline_n)
 
     # -- routed experts -------------------------------------------------------------------------
-    def moe(self, tokens: np.ndarray, experts: int, per_token: int, expert_params: float) -> np.ndarray:
+    def moe(self, tokens: np.ndarray, experts: int, per_token: int, expert_params: float,
+            *, fp8: bool = False) -> np.ndarray:
         """One MoE layer's routed experts under uniform routing (an upper bound on distinct
         experts): E_act = E(1 - (1 - k/E)^T), n = T·k/E_act rows each, padded to blocks."""
         t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
@@ -221,9 +229,11 @@ class Kernels:
         n = t * k / e_act
         blk = self.eff.moe_block
         rows = e_act * blk * np.maximum(1.0, n / blk + 0.5 * (n > blk))
-        compute = 2.0 * rows * expert_params / (self.peak() * _loglin(self.eff.mfu_moe, n))
-        memory = e_act * expert_params * 2.0 / (self.gpu.hbm_bandwidth_bytes_s * self.eff.weight_stream_eff)
-        return roofline(compute, memory, self.eff.roofline_n)
+        ef = self.eff
+        mfu = _loglin(ef.mfu_moe, n) if ef.moe_mfu is None else ef.moe_mfu * n / (n + ef.moe_half_rows)
+        compute = 2.0 * rows * expert_params / (self.peak(fp8) * mfu)
+        memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * ef.weight_stream_eff)
+        return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n)
 
     # -- attention ------------------------------------------------------------------------------
     def attn_mfu(self, q: np.ndarray, kv_len: np.ndarray) -> np.ndarray:
@@ -293,7 +303,8 @@ class Kernels:
         if engine:
             memory = memory * self.engine_kv_factor(b)
         compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
-        return self.eff.attn_launch_per_layer_s + roofline(compute, memory, self.eff.roofline_n)
+        per_head = self.eff.decode_head_s * b * kv_heads
+        return self.eff.attn_launch_per_layer_s + per_head + roofline(compute, memory, self.eff.roofline_n)
 
     # -- communication --------------------------------------------------------------------------
     def allreduce(self, nbytes: np.ndarray, tp: int) -> np.ndarray:

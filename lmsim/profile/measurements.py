@@ -311,7 +311,7 @@ class Checker:
         if row.kind == "kernel_moe":
             if not spec.is_moe:
                 raise ProfileError(f"model {row.model!r} has no experts")
-            return _to_unit(float(k.moe(tokens, spec.experts, spec.experts_per_token, spec.expert_params)), unit)
+            return _to_unit(float(k.moe(tokens, spec.experts, spec.experts_per_token, spec.expert_params, fp8=fp8)), unit)
         raise AssertionError(row.kind)
 
 
