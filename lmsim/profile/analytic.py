@@ -66,12 +66,16 @@ class Efficiency:
     weight_stream_eff: float = 0.80
     roofline_n: float | None = None  # None: hard knee max(compute, memory)
     gemm_launch_s: float = 0.0  # per GEMM (4 per layer, 1 lm_head)
+    # FP8 GEMM kernels (DeepGEMM) differ from BF16 cuBLAS: their own constants, used only
+    # to predict FP8 kernel rows (lmsim serves BF16)
+    gemm_mfu_fp8: float | None = None
+    weight_stream_eff_fp8: float | None = None
     # routed experts
     moe_block: int = 16
     mfu_moe: tuple[tuple[float, float], ...] = (
         (16, 0.45), (64, 0.60), (256, 0.72), (512, 0.75), (2048, 0.78),
     )
-    moe_mfu: float | None = None  # set: mfu(n) = moe_mfu * n / (n + moe_half_rows) replaces the table
+    moe_mfu: float | None = None  # set: mfu(r) = moe_mfu * r / (r + moe_half_rows), r = max(n, block), replaces the table
     moe_half_rows: float = 16.0
     moe_launch_s: float = 0.0  # per MoE layer (routing, align/sort, two grouped GEMMs)
     # prefill attention
@@ -214,8 +218,14 @@ class Kernels:
         m = np.asarray(m, dtype=float)
         e = self.eff
         rows = np.maximum(m, e.gemm_min_rows)
-        compute = 2.0 * weights * rows / (self.peak(fp8) * self.gemm_mfu(rows))
-        memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * e.weight_stream_eff)
+        mfu = self.gemm_mfu(rows)
+        bw_eff = e.weight_stream_eff
+        if fp8 and e.gemm_mfu_fp8 is not None:
+            mfu = np.full(np.shape(rows), e.gemm_mfu_fp8)
+        if fp8 and e.weight_stream_eff_fp8 is not None:
+            bw_eff = e.weight_stream_eff_fp8
+        compute = 2.0 * weights * rows / (self.peak(fp8) * mfu)
+        memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
         return launches * e.gemm_launch_s + roofline(compute, memory, e.roofline_n)
 
     # -- routed experts -------------------------------------------------------------------------
@@ -230,7 +240,9 @@ class Kernels:
         blk = self.eff.moe_block
         rows = e_act * blk * np.maximum(1.0, n / blk + 0.5 * (n > blk))
         ef = self.eff
-        mfu = _loglin(ef.mfu_moe, n) if ef.moe_mfu is None else ef.moe_mfu * n / (n + ef.moe_half_rows)
+        # Efficiency keyed by the rows each expert's GEMM really runs (n padded to the block).
+        padded = np.maximum(n, blk)
+        mfu = _loglin(ef.mfu_moe, n) if ef.moe_mfu is None else ef.moe_mfu * padded / (padded + ef.moe_half_rows)
         compute = 2.0 * rows * expert_params / (self.peak(fp8) * mfu)
         memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * ef.weight_stream_eff)
         return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n)
