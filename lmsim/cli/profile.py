@@ -105,6 +105,14 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--budget", type=int, default=8192, help="prefill chunk size of --request (default 8192)")
     pr.set_defaults(func=cmd_predict)
 
+    cal = sub.add_parser("calibrate", help="fit the per-GPU constants on the fit split (developer command)")
+    cal.add_argument("--form", choices=("smooth", "knee"), default="smooth",
+                     help="smooth roofline (default, chosen by evidence: profiles/README.md) or the hard knee")
+    cal.add_argument("--measurements", type=Path, default=None, help="table (default: the shipped one)")
+    cal.add_argument("--write", action="store_true",
+                     help="write the constants into lmsim/data/hardware/gpus/*.yaml (source checkout only)")
+    cal.set_defaults(func=cmd_calibrate)
+
     c = sub.add_parser("check", help="lmsim's prediction for every public measurement, and the ratio")
     c.add_argument("profiles", nargs="*", metavar="PROFILE",
                    help="only the rows these profiles can answer (default: every row)")
@@ -499,4 +507,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("* outside 10%, ** outside 25%")
     for label in ("all", "fit", "check"):
         print(_summary_line(label, summary[label]))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from lmsim.profile.calibrate import calibrate_all, efficiency_mapping, write_gpu_efficiency
+    from lmsim.profile.hardware import GPUS_DIR
+    from lmsim.profile.measurements import read_measurements
+
+    if args.write:
+        check_source_checkout(GPUS_DIR, "profile calibrate --write")
+    result = calibrate_all(read_measurements(args.measurements), smooth=args.form == "smooth")
+    out = {gpu: {"efficiency": efficiency_mapping(eff), "calibration": result["record"][gpu]}
+           for gpu, eff in result["efficiency"].items()}
+    print(json.dumps(out, indent=1))
+    if args.write:
+        import datetime
+
+        note = (f"lmsim profile calibrate --form {args.form} --write, "
+                f"{datetime.date.today().isoformat()}: fit split of the measurement table only")
+        for gpu, eff in result["efficiency"].items():
+            print(f"wrote {write_gpu_efficiency(gpu, eff, result['record'][gpu], note)}")
     return 0

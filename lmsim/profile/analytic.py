@@ -99,11 +99,11 @@ class Efficiency:
     kv_eff_batch: tuple[float, ...] = ()
     kv_eff_context: tuple[float, ...] = ()
     kv_eff_values: tuple = ()  # [heads][batch][context]
-    # The small-batch engine term: in engines a decode step of B sequences reads its KV at
-    # engine_kv_eff_b1 x BW at batch 1, rising log-linearly to the kernel's efficiency at
-    # engine_kv_full_batch sequences (None: no term).
-    engine_kv_eff_b1: float | None = None
-    engine_kv_full_batch: float = 1.0
+    # The small-batch engine term: in serving engines a decode step reads its KV slower than
+    # the bare kernel when it has few (sequence, KV head) pairs to spread over the SMs: the
+    # kernel's KV time is multiplied by 1 + engine_kv_half_units / (B x KV heads per GPU)
+    # (None: no term).
+    engine_kv_half_units: float | None = None
     # per-layer kernels outside the groups above (norms, RoPE, activation; MoE routing)
     layer_fixed_s: float = 8e-6
     layer_fixed_moe_s: float = 45e-6
@@ -291,17 +291,12 @@ class Kernels:
             return base * out[0]
         return base * _interp_axis0(np.asarray(e.kv_eff_heads, float), out, np.full(lb.shape, float(kv_heads)))
 
-    def engine_kv_factor(self, batch: np.ndarray) -> np.ndarray:
-        """Kernel KV time x this = the engine's (>= 1): 1/e_b1 · kernel_eff at batch 1, 1 at
-        engine_kv_full_batch and above, log-linear between."""
-        e = self.eff
+    def engine_kv_factor(self, batch: np.ndarray, kv_heads: int) -> np.ndarray:
+        """Engine KV time / kernel KV time (>= 1): 1 + half_units / (B x KV heads)."""
         b = np.maximum(np.asarray(batch, float), 1.0)
-        if e.engine_kv_eff_b1 is None:
+        if self.eff.engine_kv_half_units is None:
             return np.ones_like(b)
-        full = max(e.engine_kv_full_batch, 1.0 + 1e-9)
-        w = np.clip(np.log(b) / np.log(full), 0.0, 1.0)
-        slow = e.kv_read_eff / e.engine_kv_eff_b1  # kernel time x slow = engine time at batch 1
-        return np.maximum(1.0, slow ** (1.0 - w))
+        return 1.0 + self.eff.engine_kv_half_units / (b * kv_heads)
 
     def decode_attention(self, batch: np.ndarray, context: np.ndarray, q_heads: int, kv_heads: int,
                          head_dim: int, *, engine: bool = True) -> np.ndarray:
@@ -313,7 +308,7 @@ class Kernels:
         eff = self.kv_kernel_eff(b, ctx, kv_heads)
         memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * eff)
         if engine:
-            memory = memory * self.engine_kv_factor(b)
+            memory = memory * self.engine_kv_factor(b, kv_heads)
         compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
         per_head = self.eff.decode_head_s * b * kv_heads
         return self.eff.attn_launch_per_layer_s + per_head + roofline(compute, memory, self.eff.roofline_n)
@@ -381,9 +376,12 @@ class AnalyticModel:
         return gemms + comm
 
     def lm_head(self, seqs: np.ndarray) -> np.ndarray:
-        """Logits for one row per scheduled sequence."""
+        """Logits for one row per scheduled sequence, and sampling: GPU work (so the host
+        part, `cpu`, is what an engine with async scheduling overlaps)."""
         b = np.asarray(seqs, dtype=float)
-        return self.kernels.gemm(b, float(self.model.vocab_size * self.model.hidden_size))
+        e = self.eff
+        logits = self.kernels.gemm(b, float(self.model.vocab_size * self.model.hidden_size))
+        return logits + e.sample_base_s + e.sample_per_seq_s * b
 
     def moe(self, tokens: np.ndarray) -> np.ndarray:
         t = np.asarray(tokens, dtype=float)
@@ -414,10 +412,9 @@ class AnalyticModel:
         return self.model.layers * per_layer + self.model.moe_layer_count * e.layer_fixed_moe_s
 
     def cpu(self, seqs: np.ndarray) -> np.ndarray:
-        """Scheduler, input preparation, output processing and sampling, per step."""
+        """Host time per step: scheduler, input preparation, output processing."""
         b = np.asarray(seqs, dtype=float)
-        e = self.eff
-        return e.cpu_base_s + e.cpu_per_seq_s * b + e.sample_base_s + e.sample_per_seq_s * b
+        return self.eff.cpu_base_s + self.eff.cpu_per_seq_s * b
 
     # -- the whole step (reference for tests and provenance) ----------------------------
     def step_time(

@@ -28,6 +28,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,9 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
     "moe": [("moe_mfu", 0.6, 0.05, 1.0), ("moe_half_rows", 16.0, 1.0, 5000.0),
             ("moe_launch_s", 10e-6, 1e-7, 2e-4)],
 }
-BORROW = {"h800": ("h100",), "h200": ("h100",), "h20": ("h100",), "a100": (), "l40s": (), "h100": ("h200",)}
+BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",)}
+# BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
+ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3,
@@ -180,7 +183,7 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
 # -- engine-level constants -----------------------------------------------------------------
 ENGINE_KINDS = ("e2e_b1", "tpot_b1", "ttft_b1", "decode_step", "prefill_throughput")
 ENGINE_PARAMS = [("layer_fixed_s", 8e-6, 1e-7, 1e-4), ("layer_fixed_moe_s", 45e-6, 1e-7, 5e-4),
-                 ("engine_kv_eff_b1", 0.3, 0.05, 1.0), ("cpu_base_s", 1.2e-3, 1e-5, 1e-2)]
+                 ("engine_kv_half_units", 8.0, 0.1, 500.0), ("cpu_base_s", 1.2e-3, 3e-4, 1e-2)]
 
 
 def analytic_row(analytic, row: Measurement) -> float:
@@ -262,3 +265,84 @@ def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
     for _ in range(2):
         x = nelder_mead(cost, x, iters=300)
     return values(x), float(np.sqrt(np.mean(errors(x) ** 2)))
+
+
+# -- the whole calibration ----------------------------------------------------------------
+GPUS = ("h20", "h100", "h200", "h800", "a100", "l40s")
+
+
+def base_efficiency(smooth: bool) -> Efficiency:
+    """The starting point: costmodel.md's H20 constants in the scalar form. A group a GPU has
+    neither kernel rows nor a donor for keeps these (H20's MoE: costmodel.md 3.2(3), calibrated
+    on H20 engine measurements, as mfu(r) = 0.8 r / (r + 12.4): 0.45 at 16 rows, 0.67 at 64)."""
+    return Efficiency(
+        gemm_mfu=0.8, moe_mfu=0.8, moe_half_rows=12.4, attn_mfu=0.7, attn_half_kv=500.0,
+        roofline_n=2.0 if smooth else None, gemm_launch_s=3e-6, prefill_chunk_s=5e-6,
+        engine_kv_half_units=8.0,
+    )
+
+
+def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True) -> dict[str, Any]:
+    """Kernel groups per GPU, then the engine constants: each GPU's fitted `efficiency` mapping
+    and a record of what every value was fitted on."""
+    base = base_efficiency(smooth)
+    fits = calibrate(rows, GPUS, smooth=smooth, base=base)
+    effs: dict[str, Efficiency] = {}
+    record: dict[str, dict[str, Any]] = {}
+    for gpu in GPUS:
+        values: dict[str, float] = {}
+        rec: dict[str, Any] = {}
+        for group, f in fits[gpu].items():
+            values.update(f.values)
+            rec[group] = {"fit_rows": f.rows, "rms_log_ratio": round(f.rms_log, 4)}
+            if f.borrowed_from:
+                rec[group] = {"borrowed_from": f.borrowed_from}
+        effs[gpu] = replace(base, **values)
+        record[gpu] = rec
+    engine_gpus = sorted({r.gpu for r in rows if r.kind in ENGINE_KINDS and r.split == "fit"} & set(GPUS))
+    params: list[tuple] = list(ENGINE_PARAMS)
+    for gpu in engine_gpus:
+        for group, group_params in ENGINE_FITTED_GROUPS.items():
+            if group not in fits[gpu]:
+                params += [(*p, gpu) for p in group_params]
+    vals, rms = fit_engine(rows, {g: effs[g] for g in engine_gpus}, params)
+    for (name, scope), v in vals.items():
+        for gpu in GPUS:
+            if scope in (None, gpu):
+                effs[gpu] = replace(effs[gpu], **{name: v})
+                if scope is not None:
+                    record[gpu].setdefault("engine_fitted", []).append(name)
+    for gpu in GPUS:
+        record[gpu]["engine"] = {"fitted_on": f"end-to-end rows of {', '.join(engine_gpus)}",
+                                 "rms_log_ratio": round(rms, 4)}
+    return {"efficiency": effs, "record": record}
+
+
+MARKER = "# -- fitted by `lmsim profile calibrate`; do not edit by hand --"
+
+
+def efficiency_mapping(eff: Efficiency) -> dict[str, Any]:
+    """The fields that differ from the dataclass defaults, rounded to 4 significant digits."""
+    default = Efficiency().as_mapping()
+    out = {}
+    for k, v in eff.as_mapping().items():
+        if v != default[k]:
+            out[k] = None if v is None else (float(f"{v:.4g}") if isinstance(v, float) else v)
+    return out
+
+
+def write_gpu_efficiency(gpu: str, eff: Efficiency, record: dict[str, Any], note: str) -> Path:
+    """Replace the fitted block at the end of the GPU's YAML (everything after MARKER)."""
+    import yaml
+
+    from lmsim.outputs import write_text
+    from lmsim.profile.hardware import GPUS_DIR
+
+    path = GPUS_DIR / f"{gpu}.yaml"
+    text = path.read_text()
+    head = text.split(MARKER)[0].rstrip("\n") + "\n"
+    block = yaml.safe_dump({"efficiency": efficiency_mapping(eff),
+                            "calibration": {"note": note, **record}},
+                           sort_keys=False, width=100, default_flow_style=False)
+    write_text(path, f"{head}{MARKER}\n{block}")
+    return path

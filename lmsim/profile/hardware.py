@@ -72,7 +72,7 @@ GPU_REQUIRED = ("name", "peak_bf16_flops", "hbm_bandwidth_bytes_s", "memory_mib_
 GPU_OPTIONAL = {
     "arch": "hopper", "peak_fp8_flops": None, "memory_gb_nominal": None,
     "interconnect_bandwidth_bytes_s": 450e9, "allreduce_latency_s": 10e-6,
-    "sources": {}, "efficiency": {}, "efficiency_like": None,
+    "sources": {}, "efficiency": {}, "efficiency_like": None, "calibration": {},
 }
 ARCHES = ("hopper", "ampere", "ada", "blackwell")
 
