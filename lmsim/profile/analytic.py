@@ -558,8 +558,6 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None, generated_by: 
     }
     if tp > 1:
         meta["model"]["kv_dtype_bytes"] = 2
-    if model.max_position_embeddings:
-        meta["model"]["max_model_len"] = model.max_position_embeddings
     meta["memory"] = {
         "non_kv_overhead_gib": model.non_kv_overhead_gib,
         "note": "KV pool = utilization * memory_gib - weight_bytes - non_kv_overhead_gib "
