@@ -74,7 +74,7 @@ def test_check_with_a_profile_answers_only_its_rows(tmp_path, capsys):
 @pytest.mark.parametrize("gpu", ["a100", "h20", "h800"])
 @pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen3-4b", "llama-3-8b", "qwen3-30b-a3b"])
 def test_profile_new_and_predict_for_the_issue_models_and_gpus(gpu, model):
-    data, analytic = build_new(model, gpu)
+    data, _ = build_new(model, gpu)
     table = TableCostModel(data)
     args = argparse.Namespace(prefill=None, decode_batch=None, request=[2048, 256], context=0, budget=8192)
     answer = predict_answer(table, args)
