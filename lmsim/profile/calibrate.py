@@ -60,7 +60,8 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
 }
 BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",)}
 # BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
-ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
+ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0),
+                                 ("gemm_launch_s", 3e-6, 1e-7, 3e-5)]}
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3,
