@@ -25,71 +25,76 @@ from lmsim.profile.tables import load_table_profile
 
 QWEN2, QWEN3 = "h20/qwen2-7b", "h20/qwen3-30b-a3b"
 H20 = {  # lmsim/data/hardware/gpus/h20.yaml, efficiency
-    "gemm_mfu": 0.7085, "weight_stream_eff": 1.0, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
-    "kv_read_eff": 0.8158, "attn_launch_per_layer_s": 2.389e-05, "engine_kv_half_units": 5.684,
-    "layer_fixed_s": 2.839e-05, "cpu_base_s": 0.0004697,
+    "gemm_mfu": 0.7008, "weight_stream_eff": 1.0, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
+    "kv_read_eff": 0.8158, "attn_launch_per_layer_s": 2.389e-05, "engine_kv_half_units": 5.856,
+    "layer_fixed_s": 1.565e-05, "cpu_base_s": 0.0007881,
 }
+# The decode kernel table (kernel rows only; engine steps use kv_read_eff and the engine term).
+H20_KV_TABLE = ((0.7988, 1.379, 1.22), (0.9242, 1.035, 0.8822), (1.083, 0.9917, 0.8907))
 
 
 def test_h20_constants_are_the_ones_priced_by_hand():
     eff = efficiency_for(load_gpu("h20"))
     for key, value in H20.items():
         assert getattr(eff, key) == pytest.approx(value, rel=1e-9), key
+    assert eff.kv_eff_batch == (1.0, 16.0, 256.0) and eff.kv_eff_context == (4096.0, 32768.0, 131072.0)
+    assert eff.kv_eff_values == (H20_KV_TABLE,)
 
 
 def test_qwen2_decode_step_by_hand():
     """Qwen2-7B on H20, one decode at context 1024 (28 layers, 4 KV heads x 128):
 
-    * fixed: 28 x (layer kernels 28.39 + attention launch 23.89 us) = 1.4638 ms;
+    * fixed: 28 x (layer kernels 15.65 + attention launch 23.89 us) = 1.1071 ms;
     * dense GEMMs, W = 28 x 233.05M = 6.5254e9 parameters, M padded to 64 rows:
-      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7085) = 7.965 ms, weights 2 x 6.5254e9 / 4e12
-      = 3.263 ms, smooth roofline (n = 2) sqrt(7.965^2 + 3.263^2) = 8.607 ms, plus 4 x 28
-      GEMM launches of 3 us = 0.336 ms: 8.943 ms;
-    * lm_head 152064 x 3584 = 5.450e8: sqrt(0.665^2 + 0.2725^2) + 0.003 = 0.722 ms, sampling
-      0.1 + 0.003 ms, host 0.4697 + 0.006 ms: 1.3006 ms;
-    * decode attention per layer: 1024 x 2 KB = 2.097 MB at 4e12 x 0.8158 = 0.6427 us, times
-      the engine term 1 + 5.684 / (1 x 4) = 2.421: 1.556 us, smoothed with its compute
-      (4 x 28 x 128 x 1024 / (148e12 x 0.5) = 0.198 us): 1.569 us, x 28 = 0.0439 ms.
+      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7008) = 8.053 ms, weights 2 x 6.5254e9 / 4e12
+      = 3.263 ms, smooth roofline (n = 2) sqrt(8.053^2 + 3.263^2) = 8.689 ms, plus 4 x 28
+      GEMM launches of 3 us = 0.336 ms: 9.025 ms;
+    * lm_head 152064 x 3584 = 5.450e8: sqrt(0.6726^2 + 0.2725^2) + 0.003 = 0.7287 ms,
+      sampling 0.1 + 0.003 ms, host 0.7881 + 0.006 ms: 1.6258 ms;
+    * decode attention per layer: 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8158 = 0.6427 us,
+      times the engine term 1 + 5.856 / (1 x 4) = 2.464: 1.584 us, smoothed with its compute
+      (4 x 28 x 128 x 1024 / (148e12 x 0.5) = 0.198 us): 1.596 us, x 28 = 0.0447 ms.
 
-    Total 1.4638 + 8.943 + 1.3006 + 0.0439 = 11.75 ms."""
+    Total 1.1071 + 9.025 + 1.6258 + 0.0447 = 11.80 ms."""
     m = load_table_profile(QWEN2)
     parts = m.components((), 1, 1024)
-    assert parts["fixed"] * 1e3 == pytest.approx(28 * (28.39 + 23.89) / 1e3, rel=1e-3)
-    dense = math.hypot(7.965, 3.263) + 0.336
+    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.65 + 23.89) / 1e3, rel=1e-3)
+    dense = math.hypot(8.053, 3.263) + 0.336
     assert parts["tokens"] * 1e3 == pytest.approx(dense, rel=2e-3)
-    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.665, 0.2725) + 0.003 + 0.103 + 0.4757, rel=2e-3)
+    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6726, 0.2725) + 0.003 + 0.103 + 0.7941, rel=2e-3)
     assert parts["decode_attention"] * 1e3 == pytest.approx(
-        28 * math.hypot(0.6427 * (1 + 5.684 / 4), 0.198) / 1e3, rel=3e-3)
-    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(11.75, rel=2e-3)
+        28 * math.hypot(0.6427 * (1 + 5.856 / 4), 0.198) / 1e3, rel=3e-3)
+    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(11.80, rel=2e-3)
 
 
 def test_decode_at_long_context_batch1_is_priced_with_the_engine_term():
     """The issue's headline: batch-1 decode at 100k context. Per layer the KV read is
-    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8158 = 62.76 us, times the engine term 2.421 =
-    151.9 us, smoothed with its compute (4 x 28 x 128 x 1e5 / 74e12 = 19.4 us) = 153.2 us;
-    x 28 layers = 4.29 ms on top of the 11.71 ms at no context: 16.0 ms (the bare kernel
-    would add 1.8 ms: an effective 3.26 TB/s instead of the engines' ~1.3)."""
+    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8158 = 62.76 us, times the engine term 2.464 =
+    154.6 us, smoothed with its compute (4 x 28 x 128 x 1e5 / 74e12 = 19.4 us) = 155.8 us;
+    x 28 layers = 4.36 ms on top of the 11.76 ms at no context: 16.1 ms. The engine reads the
+    KV at an effective 204.8 MB x 28 / 4.36 ms = 1.31 TB/s (the bare kernel at 3.26 TB/s);
+    the data say about 1.0 TB/s in SGLang 0.4.6 (issue 23)."""
     m = load_table_profile(QWEN2)
     at_100k = decode_step_seconds(m, 1, 100_000) * 1e3
-    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1532, rel=0.01)
-    assert at_100k == pytest.approx(16.0, rel=0.005)
+    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1558, rel=0.01)
+    assert at_100k == pytest.approx(16.12, rel=0.003)
 
 
 SEC6_PREFILL = {  # ms: tokens 512, 1024, 2048, 4096, 8192 (engine only, budget 8192)
-    (QWEN2, 0): (68.4, 133.5, 265.9, 540.0, 1124.8),
-    (QWEN2, 8192): (80.8, 158.2, 315.4, 638.7, 1321.5),
-    (QWEN3, 0): (47.2, 72.6, 130.3, 265.5, 608.9),
-    (QWEN3, 8192): (71.5, 121.1, 227.1, 458.7, 994.3),
+    (QWEN2, 0): (68.9, 134.7, 268.6, 545.5, 1135.3),
+    (QWEN2, 8192): (81.2, 159.2, 317.5, 643.0, 1329.5),
+    (QWEN3, 0): (47.2, 72.8, 130.8, 266.4, 609.3),
+    (QWEN3, 8192): (71.3, 120.7, 226.5, 457.3, 989.8),
 }
 SEC6_DECODE = {  # ms: batch 1, 8, 32, 64, 128, 256
-    (QWEN2, 1024): (11.75, 11.95, 12.62, 13.51, 23.59, 44.24),
-    (QWEN2, 8192): (12.06, 13.17, 17.01, 22.12, 40.63, 78.16),
-    (QWEN3, 1024): (7.27, 14.41, 24.85, 28.41, 32.84, 46.48),
-    (QWEN3, 8192): (7.80, 16.53, 32.47, 43.36, 62.44, 105.39),
+    (QWEN2, 1024): (11.80, 12.00, 12.67, 13.56, 23.73, 44.58),
+    (QWEN2, 8192): (12.12, 13.23, 17.06, 22.17, 40.78, 78.50),
+    (QWEN3, 1024): (7.47, 14.61, 25.05, 28.61, 33.06, 46.73),
+    (QWEN3, 8192): (8.01, 16.74, 32.67, 43.56, 62.67, 105.65),
 }
 SEC6_MIXED = {  # ms: (decodes at ctx 2048, chunk tokens) -> (Qwen2-7B, Qwen3-30B-A3B)
-    (64, 0): (14.74, 30.55), (64, 512): (79.43, 54.80), (64, 2048): (276.94, 138.15),
-    (64, 8128): (1126.34, 610.80), (200, 0): (38.97, 44.12), (200, 2048): (301.60, 155.53),
+    (64, 0): (14.79, 30.75), (64, 512): (80.02, 54.83), (64, 2048): (279.74, 138.68),
+    (64, 8128): (1136.83, 611.27), (200, 0): (39.22, 44.34), (200, 2048): (304.60, 156.08),
 }
 
 

@@ -103,9 +103,9 @@ def test_profile_new_writes_a_valid_profile_and_predict_reads_it(tmp_path, capsy
 
 
 def test_predict_answers_by_hand_on_the_shipped_h20_profile(capsys):
-    # test_profile_calibration.test_qwen2_decode_step_by_hand: 11.75 ms.
+    # test_profile_calibration.test_qwen2_decode_step_by_hand: 11.80 ms.
     assert main(["profile", "predict", "h20/qwen2-7b", "--decode-batch", "1", "--context", "1024"]) == 0
-    assert json.loads(capsys.readouterr().out)["step_s"] * 1e3 == pytest.approx(11.75, rel=2e-3)
+    assert json.loads(capsys.readouterr().out)["step_s"] * 1e3 == pytest.approx(11.80, rel=2e-3)
     assert main(["profile", "predict", "h20/qwen2-7b", "--request", "1000", "100"]) == 0
     answer = json.loads(capsys.readouterr().out)
     model = load_table_profile("h20/qwen2-7b")

@@ -109,6 +109,8 @@ def register_cli(subparsers) -> None:
     cal.add_argument("--form", choices=("smooth", "knee"), default="smooth",
                      help="smooth roofline (default, chosen by evidence: profiles/README.md) or the hard knee")
     cal.add_argument("--measurements", type=Path, default=None, help="table (default: the shipped one)")
+    cal.add_argument("--kv-table", action="store_true",
+                     help="also fit a per-GPU decode efficiency table (batch x context) over the constants")
     cal.add_argument("--write", action="store_true",
                      help="write the constants into lmsim/data/hardware/gpus/*.yaml (source checkout only)")
     cal.set_defaults(func=cmd_calibrate)
@@ -519,7 +521,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.write:
         check_source_checkout(GPUS_DIR, "profile calibrate --write")
-    result = calibrate_all(read_measurements(args.measurements), smooth=args.form == "smooth")
+    result = calibrate_all(read_measurements(args.measurements), smooth=args.form == "smooth",
+                           kv_table=getattr(args, "kv_table", False))
     out = {gpu: {"efficiency": efficiency_mapping(eff), "calibration": result["record"][gpu]}
            for gpu, eff in result["efficiency"].items()}
     print(json.dumps(out, indent=1))

@@ -141,10 +141,10 @@ class Efficiency:
         return cls(**values)
 
     def as_mapping(self) -> dict[str, Any]:
-        out = {}
-        for k, v in asdict(self).items():
-            out[k] = [list(p) if isinstance(p, tuple) else p for p in v] if isinstance(v, tuple) else v
-        return out
+        def plain(v: Any) -> Any:
+            return [plain(x) for x in v] if isinstance(v, tuple | list) else v
+
+        return {k: plain(v) for k, v in asdict(self).items()}
 
 
 def efficiency_for(gpu: GpuSpec) -> Efficiency:
@@ -305,10 +305,13 @@ class Kernels:
         ctx = np.asarray(context, dtype=float)
         kv_bytes = b * ctx * 4.0 * kv_heads * head_dim
         flops = 4.0 * q_heads * head_dim * b * ctx
-        eff = self.kv_kernel_eff(b, ctx, kv_heads)
-        memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * eff)
         if engine:
+            # In an engine step the kernel runs with the engine's launch configuration: the
+            # benchmark table does not apply, the engine term does.
+            memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.eff.kv_read_eff)
             memory = memory * self.engine_kv_factor(b, kv_heads)
+        else:
+            memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.kv_kernel_eff(b, ctx, kv_heads))
         compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
         per_head = self.eff.decode_head_s * b * kv_heads
         return self.eff.attn_launch_per_layer_s + per_head + roofline(compute, memory, self.eff.roofline_n)
@@ -514,8 +517,11 @@ GRIDS = {
     "seqs": lambda: _log_grid(1, 8192, 16, 256),
     "chunk_tokens": lambda: _log_grid(1, 131072, 8, 16),
     "cached_context": lambda: np.concatenate([[0.0], _log_grid(16, 262144, 8, 16)]),
-    "batch": lambda: 2.0 ** np.arange(0, 13),
-    "total_context": lambda: np.unique(np.concatenate([[0.0], np.round(2.0 ** (np.arange(0, 57) / 2))])),
+    # Every batch to 16 (the engine term 1 + u/(B x heads) bends most there), then 4 per
+    # octave to 4096; summed context at 4 points per octave (the decode efficiency table is log-bilinear
+    # in the per-sequence context).
+    "batch": lambda: np.unique(np.concatenate([np.arange(1.0, 17.0), np.round(16 * 2.0 ** (np.arange(1, 33) / 4))])),
+    "total_context": lambda: np.unique(np.concatenate([[0.0], np.round(2.0 ** (np.arange(0, 113) / 4))])),
 }
 
 

@@ -58,10 +58,9 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
     "moe": [("moe_mfu", 0.6, 0.05, 1.0), ("moe_half_rows", 16.0, 1.0, 5000.0),
             ("moe_launch_s", 10e-6, 1e-7, 2e-4)],
 }
-BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",)}
+BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
 # BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
-ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0),
-                                 ("gemm_launch_s", 3e-6, 1e-7, 3e-5)]}
+ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3,
@@ -159,8 +158,37 @@ def fit_group(gpu: str, group: str, rows: Sequence[Measurement], base: Efficienc
     return GroupFit(gpu, group, len(rows), {p[0]: float(getattr(best, p[0])) for p in params}, rms)
 
 
+KV_TABLE_BATCH = (1.0, 16.0, 256.0)
+KV_TABLE_CONTEXT = (4096.0, 32768.0, 131072.0)
+KV_TABLE_RIDGE = 0.01  # pull on log(multiplier) towards 1 where rows say little
+
+
+def fit_kv_table(gpu: str, rows: Sequence[Measurement], base: Efficiency,
+                 checker: Checker | None = None) -> tuple[dict[str, Any], float]:
+    """Decode-kernel efficiency multipliers on a (batch x per-sequence context) grid, log-
+    bilinear between knots and held beyond them, fitted after the decode constants."""
+    checker = checker or Checker()
+    n = len(KV_TABLE_BATCH) * len(KV_TABLE_CONTEXT)
+
+    def eff_at(x: np.ndarray) -> Efficiency:
+        vals = np.exp(np.clip(x, -1.0, 1.0)).reshape(len(KV_TABLE_BATCH), len(KV_TABLE_CONTEXT))
+        return replace(base, kv_eff_heads=(1.0,), kv_eff_batch=KV_TABLE_BATCH,
+                       kv_eff_context=KV_TABLE_CONTEXT,
+                       kv_eff_values=(tuple(tuple(float(v) for v in row) for row in vals),))
+
+    def cost(x: np.ndarray) -> float:
+        return robust_loss(_log_errors(eff_at(x), gpu, rows, checker)) + KV_TABLE_RIDGE * float(np.mean(x ** 2))
+
+    x = np.zeros(n)
+    for _ in range(3):
+        x = nelder_mead(cost, x, step=0.1, iters=800)
+    best = eff_at(x)
+    rms = float(np.sqrt(np.mean(_log_errors(best, gpu, rows, checker) ** 2)))
+    return {k: getattr(best, k) for k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context", "kv_eff_values")}, rms
+
+
 def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool = True,
-              base: Efficiency | None = None) -> dict[str, Any]:
+              base: Efficiency | None = None, kv_table: bool = False) -> dict[str, Any]:
     """Every GPU's fitted constants (fit rows only), with what each group was fitted on."""
     base = base or Efficiency()
     fit_rows = [r for r in rows if r.split == "fit"]
@@ -170,6 +198,11 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
             mine = [r for r in fit_rows if r.gpu == gpu and r.kind in kinds and r.dtype in dtypes]
             if len(mine) >= 3:
                 fits[gpu][group] = fit_group(gpu, group, mine, base, smooth=smooth)
+                if group == "decode" and kv_table and len(mine) >= 9:
+                    fitted = replace(base, **fits[gpu][group].values)
+                    table, rms = fit_kv_table(gpu, mine, fitted)
+                    fits[gpu][group].values.update(table)
+                    fits[gpu][group].rms_log = rms
     for gpu in gpus:
         for group in GROUPS:
             if group in fits[gpu]:
@@ -283,18 +316,18 @@ def base_efficiency(smooth: bool) -> Efficiency:
     )
 
 
-def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True) -> dict[str, Any]:
+def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table: bool = False) -> dict[str, Any]:
     """Kernel groups per GPU, then the engine constants: each GPU's fitted `efficiency` mapping
     and a record of what every value was fitted on."""
     base = base_efficiency(smooth)
-    fits = calibrate(rows, GPUS, smooth=smooth, base=base)
+    fits = calibrate(rows, GPUS, smooth=smooth, base=base, kv_table=kv_table)
     effs: dict[str, Efficiency] = {}
     record: dict[str, dict[str, Any]] = {}
     for gpu in GPUS:
         values: dict[str, float] = {}
         rec: dict[str, Any] = {}
         for group, f in fits[gpu].items():
-            values.update(f.values)
+            values.update({k: (v if isinstance(v, tuple) else float(v)) for k, v in f.values.items()})
             rec[group] = {"fit_rows": f.rows, "rms_log_ratio": round(f.rms_log, 4)}
             if f.borrowed_from:
                 rec[group] = {"borrowed_from": f.borrowed_from}
@@ -326,9 +359,14 @@ def efficiency_mapping(eff: Efficiency) -> dict[str, Any]:
     """The fields that differ from the dataclass defaults, rounded to 4 significant digits."""
     default = Efficiency().as_mapping()
     out = {}
+    def rounded(v: Any) -> Any:
+        if isinstance(v, list):
+            return [rounded(x) for x in v]
+        return float(f"{v:.4g}") if isinstance(v, float) else v
+
     for k, v in eff.as_mapping().items():
         if v != default[k]:
-            out[k] = None if v is None else (float(f"{v:.4g}") if isinstance(v, float) else v)
+            out[k] = v if k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context") else rounded(v)
     return out
 
 
