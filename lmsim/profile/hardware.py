@@ -108,15 +108,22 @@ def _positive(where: str, key: str, value: Any, *, integer: bool = False, zero: 
     return number
 
 
+def check_fields(raw: dict[str, Any], where: str, required: tuple[str, ...], optional: Any,
+                 *, prefix: str = "", list_known: bool = False) -> None:
+    """One ProfileError for the first required key missing or the first unknown key."""
+    for k in required:
+        if raw.get(k) is None:
+            raise ProfileError(f"{where}: missing field '{prefix}{k}'")
+    for k in raw:
+        if k not in required and k not in optional:
+            known = f" (known: {', '.join((*required, *optional))})" if list_known else ""
+            raise ProfileError(f"{where}: unknown field '{prefix}{k}'{known}")
+
+
 def gpu_from_mapping(raw: Any, where: str, key: str) -> GpuSpec:
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: expected a mapping of GPU facts at the top level")
-    for k in GPU_REQUIRED:
-        if raw.get(k) is None:
-            raise ProfileError(f"{where}: missing field '{k}'")
-    for k in raw:
-        if k not in GPU_REQUIRED and k not in GPU_OPTIONAL:
-            raise ProfileError(f"{where}: unknown field '{k}' (known: {', '.join((*GPU_REQUIRED, *GPU_OPTIONAL))})")
+    check_fields(raw, where, GPU_REQUIRED, GPU_OPTIONAL, list_known=True)
     facts = {**GPU_OPTIONAL, **raw}
     if facts["arch"] not in ARCHES:
         raise ProfileError(f"{where}: field 'arch' must be one of {', '.join(ARCHES)}, got {facts['arch']!r}")
