@@ -10,12 +10,9 @@ from lmsim.data import PROFILES_DIR, check_source_checkout
 from lmsim.errors import ProfileError
 from lmsim.outputs import check_output_file, is_signed_figure
 from lmsim.profile.analytic import (
-    DATA_POINTS,
     SHIPPED,
     AnalyticModel,
     decode_step_seconds,
-    evaluate_point,
-    fit_report,
     prefill_seconds,
     split_name,
     tabulate,
@@ -85,6 +82,47 @@ def register_cli(subparsers) -> None:
     val.add_argument("name", help="profile name or path")
     val.set_defaults(func=cmd_validate)
 
+    n = sub.add_parser("new", help="a profile for any model and GPU from public facts (HF config.json, GPU spec)")
+    n.add_argument("--model", required=True, metavar="HF_CONFIG.json|NAME",
+                   help="a Hugging Face config.json, or a model lmsim knows by name (qwen3-8b, llama-3-8b, ...)")
+    n.add_argument("--gpu", required=True, metavar="NAME|SPEC.yaml",
+                   help="h20, h100, h200, h800, a100, l40s, or your own GPU spec YAML")
+    n.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one instance (default 1)")
+    n.add_argument("--out", type=Path, required=True, help="new (or empty) folder for the profile")
+    n.add_argument("--name", help="profile name (default: <gpu>/<model>[-tpN])")
+    n.add_argument("--no-plot", action="store_true", help="skip drawing plot.png")
+    n.set_defaults(func=cmd_new)
+
+    pr = sub.add_parser("predict", help="ask a profile for one step or one request alone (JSON)")
+    pr.add_argument("name", help="profile name or path (or <gpu>/<model>[-tpN], built on the fly)")
+    what = pr.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prefill", type=int, metavar="TOKENS", help="one prefill chunk step of TOKENS new tokens")
+    what.add_argument("--decode-batch", type=int, metavar="B", help="one decode step of B sequences")
+    what.add_argument("--request", type=int, nargs=2, metavar=("INPUT", "OUTPUT"),
+                      help="one request alone: TTFT, mean TPOT and end-to-end")
+    pr.add_argument("--context", type=int, default=0, metavar="L",
+                    help="--prefill: tokens already cached; --decode-batch: KV length each sequence attends to")
+    pr.add_argument("--budget", type=int, default=8192, help="prefill chunk size of --request (default 8192)")
+    pr.set_defaults(func=cmd_predict)
+
+    cal = sub.add_parser("calibrate", help="fit the per-GPU constants on the fit split (developer command)")
+    cal.add_argument("--form", choices=("smooth", "knee"), default="smooth",
+                     help="smooth roofline (default, chosen by evidence: profiles/README.md) or the hard knee")
+    cal.add_argument("--measurements", type=Path, default=None, help="table (default: the shipped one)")
+    cal.add_argument("--kv-table", action="store_true",
+                     help="also fit a per-GPU decode efficiency table (batch x context) over the constants")
+    cal.add_argument("--write", action="store_true",
+                     help="write the constants into lmsim/data/hardware/gpus/*.yaml (source checkout only)")
+    cal.set_defaults(func=cmd_calibrate)
+
+    c = sub.add_parser("check", help="lmsim's prediction for every public measurement, and the ratio")
+    c.add_argument("profiles", nargs="*", metavar="PROFILE",
+                   help="only the rows these profiles can answer (default: every row)")
+    c.add_argument("--json", action="store_true", help="print rows and summary as JSON")
+    c.add_argument("--measurements", type=Path, default=None,
+                   help="a measurement table in the same schema (default: the shipped one)")
+    c.set_defaults(func=cmd_check)
+
 
 PROFILE_FILES = ("profile.yaml", *TABLE_FILES.values(), "plot.png")
 
@@ -101,21 +139,7 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
     analytic = AnalyticModel.named(name)
     data = tabulate(analytic)
     table = TableCostModel(data)
-    prov = data.meta["provenance"]
-    rows = fit_report(table, name)
-    if rows:
-        prov["fit_error"] = rows
-    else:
-        prov["fit_error"] = "none: costmodel.md section 5 has no public data point for this GPU and model"
-    if name == "h20/qwen2-7b":
-        # No public H20 Qwen2-7B numbers exist; its dense path shares the constants that
-        # section 5 rows 1-4 calibrate on the Qwen3 dense models.
-        prov["fit_error_shared_constants"] = [
-            {"row": p.row, "what": p.what, "unit": p.unit, "measured": p.measured,
-             "model": round(v, 4), "ratio": round(v / p.measured, 3)}
-            for p in DATA_POINTS if p.kind == "tpot_b1" and p.model != "h20/qwen3-30b-a3b"
-            for v in [float(evaluate_point(p, TableCostModel(tabulate(AnalyticModel.named(p.model)))))]
-        ]
+    data.meta["provenance"]["check"] = provenance_check(table, name)
     out_dir = out_root / name
     write_profile(data, out_dir)
     if plot:
@@ -123,6 +147,31 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
 
         plot_profile(table, out_dir / "plot.png")
     return out_dir
+
+
+def provenance_check(table: TableCostModel, name: str) -> list[dict] | str:
+    """This profile's rows of the shipped measurement table, predicted through `table`."""
+    from lmsim.profile.measurements import (
+        Checker,
+        default_table,
+        read_measurements,
+        rows_for_profile,
+    )
+
+    if not default_table().is_file():
+        return "none: no measurement table shipped"
+    gpu, model, tp = split_name(name)
+    checker = Checker()
+    key = (gpu, checker.model_spec(model).key, tp)
+    checker = Checker({key: (table, name)})
+    rows = rows_for_profile(read_measurements(), gpu, key[1], tp, checker)
+    out = []
+    for p in map(checker.predict, rows):
+        if p.ratio is None or p.row.kind.startswith("kernel_"):
+            continue
+        out.append({"id": p.row.id, "split": p.row.split, "kind": p.row.kind, "unit": p.row.unit,
+                    "measured": p.row.measured, "model": round(p.predicted, 4), "ratio": round(p.ratio, 3)})
+    return out or "none: the measurement table has no engine row for this GPU and model"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -193,21 +242,15 @@ def format_show(model: TableCostModel) -> str:
         mark = _off_grid(model, chunks, b, b * 2048)
         lines.append(f"  {label:<34}{model.step_time(chunks, b, b * 2048) * 1e3:>9.1f}{mark}")
     prov = d.meta.get("provenance", {})
-    fit = prov.get("fit_error")
-    shared = prov.get("fit_error_shared_constants") or []
-    if shared:
-        lines += ["", "shared-constant calibration (other models, same constants; section 5)"]
-    for r in shared:
-        lines.append(f"  row {r['row']:<9}{r['what'][:58]:<60}measured {r['measured']:>9g} "
-                     f"model {r['model']:>9g} {r['unit']:<9} ratio {r['ratio']:.2f}")
-    if isinstance(fit, list) and fit:
-        lines += ["", "fit against public data points (costmodel.md section 5)"]
-        for r in fit:
-            lines.append(f"  row {r['row']:<9}{r['what'][:58]:<60}measured {r['measured']:>9g} "
-                         f"model {r['model']:>9g} {r['unit']:<9} ratio {r['ratio']:.2f}")
-    elif isinstance(fit, str):
-        lines += ["", f"fit: {fit}"]
-    elif isinstance(fit, dict):
+    check, fit = prov.get("check"), prov.get("fit_error")
+    if isinstance(check, list) and check:
+        lines += ["", "public measurements of this GPU and model (lmsim profile check)"]
+        for r in check:
+            lines.append(f"  {r['id'][:50]:<51}{r['split']:<6}measured {r['measured']:>9g} "
+                         f"model {r['model']:>9g} {r['unit']:<6} ratio {r['ratio']:.2f}")
+    elif isinstance(check, str):
+        lines += ["", f"check: {check}"]
+    if isinstance(fit, dict):
         lines += ["", "fit error against measurements: " + ", ".join(
             f"{k} {v['median_abs_rel_err']:.2%} median / {v['max_abs_rel_err']:.2%} max" for k, v in fit.items())]
     return "\n".join(lines)
@@ -301,4 +344,193 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems:
         return 2
     print(f"{resolve_profile(args.name)}: ok")
+    return 0
+
+
+# -- new, predict, check ----------------------------------------------------------------------
+def build_new(model: str, gpu: str, tp: int = 1, name: str | None = None):
+    """The profile `lmsim profile new` writes, in memory, and the analytic model behind it."""
+    import sys
+
+    from lmsim.profile.hardware import load_gpu, load_model
+
+    if tp < 1:
+        raise ProfileError(f"--tp: must be >= 1, got {tp}")
+    gpu_spec = load_gpu(gpu)
+    model_spec = load_model(model)
+    analytic = AnalyticModel.build(gpu_spec, model_spec, tp)
+    command = "lmsim profile new " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["profile", "new"] else (
+        f"lmsim profile new --model {model} --gpu {gpu} --tp {tp}")
+    data = tabulate(analytic, generated_by=command)
+    data.name = name or analytic.name
+    data.meta["provenance"]["inputs"] = {
+        "model": str(model), "model_config": model_spec.sources.get("config", ""),
+        "gpu": str(gpu), "gpu_spec": gpu_spec.name, "tensor_parallel_size": tp,
+    }
+    return data, analytic
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    data, _ = build_new(args.model, args.gpu, args.tp, args.name)
+    path = _write_new_profile(data, args.out)
+    model = TableCostModel(data)
+    if not args.no_plot:
+        from lmsim.profile.plot import plot_profile
+
+        plot_profile(model, args.out / "plot.png")
+    print(f"wrote {path}")
+    print(f"KV pool at gpu_memory_utilization 0.9: {model.num_kv_blocks(16, 0.9):,} blocks of 16 "
+          f"({data.meta['model']['kv_bytes_per_token']:,} B/token per GPU)")
+    return 0
+
+
+def load_or_build(name: str) -> TableCostModel:
+    """A shipped profile or a path; else a `<gpu>/<model>[-tpN]` name built as `profile new` would."""
+    from lmsim.profile.tables import resolve_profile
+
+    try:
+        resolve_profile(name)
+    except ProfileError as missing:
+        if "/" not in name:
+            raise
+        try:
+            gpu, model, tp = split_name(name)
+        except ProfileError:
+            raise missing from None
+        data, _ = build_new(model, gpu, tp)
+        data.source = "<built by profile new>"
+        return TableCostModel(data)
+    return load_table_profile(name)
+
+
+def predict_answer(model: TableCostModel, args: argparse.Namespace) -> dict:
+    from lmsim.profile.analytic import decode_seconds
+
+    for option in ("prefill", "decode_batch"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ProfileError(f"--{option.replace('_', '-')}: must be >= 1, got {value}")
+    if args.context < 0:
+        raise ProfileError(f"--context: must be >= 0, got {args.context}")
+    out: dict = {"profile": model.name, "source": model.data.source}
+    if args.prefill is not None:
+        chunks = [(args.prefill, args.context)]
+        out.update(step="prefill", prefill_tokens=args.prefill, cached_context=args.context,
+                   step_s=model.step_time(chunks, 0, 0), components=model.components(chunks, 0, 0),
+                   outside_grid=model.outside_grid(chunks, 0, 0))
+    elif args.decode_batch is not None:
+        b, ctx = args.decode_batch, args.context
+        out.update(step="decode", decode_batch=b, context=ctx, step_s=model.step_time((), b, b * ctx),
+                   components=model.components((), b, b * ctx), outside_grid=model.outside_grid((), b, b * ctx))
+    else:
+        inp, outp = args.request
+        if inp < 1 or outp < 1:
+            raise ProfileError(f"--request: INPUT and OUTPUT must be >= 1, got {inp} {outp}")
+        if args.budget < 1:
+            raise ProfileError(f"--budget: must be >= 1, got {args.budget}")
+        ttft = prefill_seconds(model, inp, 0, args.budget)
+        decode = decode_seconds(model, inp, outp)
+        out.update(step="request", input_tokens=inp, output_tokens=outp, budget=args.budget,
+                   prefill_steps=-(-inp // args.budget), decode_steps=outp - 1, ttft_s=ttft,
+                   tpot_mean_s=decode / (outp - 1) if outp > 1 else None, e2e_s=ttft + decode)
+    return out
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import json
+
+    print(json.dumps(predict_answer(load_or_build(args.name), args), indent=2))
+    return 0
+
+
+def _profile_key(name: str) -> tuple[str, str, int, TableCostModel]:
+    model = load_table_profile(name)
+    try:
+        gpu, model_key, tp = split_name(model.name, where=f"{model.data.source}: name")
+    except ProfileError as exc:
+        raise ProfileError(f"{exc}; `profile check` needs a <gpu>/<model>[-tpN] profile name") from None
+    from lmsim.profile.hardware import load_model
+
+    return gpu, load_model(model_key).key, tp, model
+
+
+def run_check(names: list[str], table: Path | None = None):
+    """Predictions for the table's rows (all, or those the named profiles can answer) and
+    their summary."""
+    from lmsim.profile.measurements import Checker, read_measurements, rows_for_profile, summarise
+
+    rows = read_measurements(table)
+    if not names:
+        checker = Checker()
+        preds = [checker.predict(r) for r in rows]
+    else:
+        preds, seen = [], set()
+        for name in names:
+            gpu, model, tp, table_model = _profile_key(name)
+            checker = Checker({(gpu, model, tp): (table_model, table_model.name)})
+            for r in rows_for_profile(rows, gpu, model, tp, checker):
+                if r.id not in seen:
+                    seen.add(r.id)
+                    preds.append(checker.predict(r))
+    return preds, summarise(preds)
+
+
+def _summary_line(label: str, s: dict) -> str:
+    if not s["answered"]:
+        return f"{label}: {s['rows']} rows, none answered"
+    return (f"{label}: {s['answered']} rows, {s['within_10pct']} within 10% ({s['share_within_10pct']:.0%}), "
+            f"{s['beyond_25pct']} beyond 25%, worst ratio {s['worst_ratio']:.3f} ({s['worst_id']})")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import json
+
+    preds, summary = run_check(args.profiles, args.measurements)
+    if args.json:
+        print(json.dumps({
+            "rows": [{"id": p.row.id, "split": p.row.split, "gpu": p.row.gpu, "model": p.row.model,
+                      "tp": p.row.tp, "engine": p.row.engine, "kind": p.row.kind, "condition": p.row.condition,
+                      "source": p.row.source, "measured": p.row.measured, "unit": p.row.unit,
+                      "predicted": p.predicted, "ratio": p.ratio, "priced_by": p.profile, "note": p.note}
+                     for p in preds],
+            "summary": summary,
+        }, indent=1))
+        return 0
+    print(f"{'id':<52}{'split':<6}{'kind':<25}{'engine':<22}{'measured':>11}{'predicted':>11} "
+          f"{'unit':<6}{'ratio':>7}  priced by")
+    for p in preds:
+        r = p.row
+        pred = "-" if p.predicted is None else f"{p.predicted:.4g}"
+        ratio = "-" if p.ratio is None else f"{p.ratio:.3f}"
+        flag = "" if p.ratio is None or abs(p.ratio - 1) <= 0.10 else (" *" if abs(p.ratio - 1) <= 0.25 else " **")
+        print(f"{r.id[:51]:<52}{r.split:<6}{r.kind:<25}{r.engine[:21]:<22}{r.measured:>11.4g}{pred:>11} "
+              f"{r.unit:<6}{ratio:>7}{flag:<3} {p.profile}{' (' + p.note + ')' if p.note else ''}")
+    print()
+    print("* outside 10%, ** outside 25%")
+    for label in ("all", "fit", "check"):
+        print(_summary_line(label, summary[label]))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from lmsim.profile.calibrate import calibrate_all, efficiency_mapping, write_gpu_efficiency
+    from lmsim.profile.hardware import GPUS_DIR
+    from lmsim.profile.measurements import read_measurements
+
+    if args.write:
+        check_source_checkout(GPUS_DIR, "profile calibrate --write")
+    result = calibrate_all(read_measurements(args.measurements), smooth=args.form == "smooth",
+                           kv_table=getattr(args, "kv_table", False))
+    out = {gpu: {"efficiency": efficiency_mapping(eff), "calibration": result["record"][gpu]}
+           for gpu, eff in result["efficiency"].items()}
+    print(json.dumps(out, indent=1))
+    if args.write:
+        import datetime
+
+        note = (f"lmsim profile calibrate --form {args.form} --write, "
+                f"{datetime.date.today().isoformat()}: fit split of the measurement table only")
+        for gpu, eff in result["efficiency"].items():
+            print(f"wrote {write_gpu_efficiency(gpu, eff, result['record'][gpu], note)}")
     return 0

@@ -1,10 +1,33 @@
-"""The analytic step-cost model of costmodel.md section 3, and the facts it needs.
+"""The analytic step-cost model: what each kernel group of one vLLM-v1 step costs on a GPU.
 
-This module owns the formula: GPU and model facts, the efficiency constants with their
-sources, the per-component cost functions, and the section 5 public data points the formula
-is checked against. It is used only to *generate* profile tables (`lmsim profile generate`)
-and to report their fit; the simulator prices steps from the tables (`tables.py`), never from
-this formula, so that a measured table can replace a generated one without code changes.
+This module owns the functional form and its constants. It is used only to *generate* profile
+tables (`lmsim profile generate`, `lmsim profile new`) and to predict kernel measurements
+(`lmsim profile check`); the simulator prices steps from the tables (`tables.py`), never from
+this formula, so a measured table can replace a generated one without code changes.
+
+A step with prefill chunks (q_i, c_i) and B_d decodes costs (costmodel.md section 3)
+
+    t = fixed + dense(T) + moe(T) + allreduce(T) + lm_head(B) + host(B, T)
+        + decode_attention(B_d, C_d) + sum_i prefill_attention(q_i, c_i)
+
+Kernel groups, per layer unless said (`Kernels`, vectorised over numpy arrays):
+
+* GEMMs (dense projections and MLP, lm_head): compute `2·M'·N·K / (P·mfu)` with M' = max(M,
+  tile rows) and memory `weights / (BW·bw_eff)`, combined by a roofline (below);
+* routed experts: the same roofline over the distinct experts a step touches under uniform
+  routing, rows padded to the fused-MoE block;
+* prefill attention (FA3 on Hopper, FA2 class elsewhere): causal FLOPs at an efficiency that
+  saturates with the KV length L = c + q, `mfu(L) = attn_mfu · L / (L + attn_half_kv)`, plus a
+  per-chunk intercept;
+* decode attention: a launch per layer plus the KV bytes read at a kernel efficiency, plus
+  the small-batch engine term (below);
+* all-reduce with tensor parallelism: two per layer, `latency + 2(N-1)/N · bytes / link`.
+
+The roofline. The original form (costmodel.md) takes `max(compute, memory)`: a hard knee.
+The alternative is a smooth roofline `(tc^n + tm^n)^(1/n)`, which is slower than both bounds
+near the ridge, where real kernels are (neither pipe saturates). `Efficiency.roofline_n` picks
+it per GPU (None = hard knee); `calibrate.py` fits both and `profiles/README.md` records which
+won on the check split and why.
 
 Every function here is vectorised over numpy arrays and may use exp/log freely: speed and
 bit-exactness matter only in the table predictor.
@@ -13,110 +36,126 @@ bit-exactness matter only in the table predictor.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
 from lmsim.errors import ProfileError
+from lmsim.profile.hardware import GpuSpec, ModelSpec, load_gpu, load_model, shard
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    key: str
-    name: str
-    peak_bf16_flops: float
-    hbm_bandwidth_bytes_s: float
-    memory_gb_nominal: float
-    memory_mib_visible: float
-    sources: dict[str, str]
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_mib_visible / 1024.0
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    key: str
-    name: str
-    layers: int
-    hidden_size: int
-    attention_heads: int
-    kv_heads: int
-    head_dim: int
-    vocab_size: int
-    intermediate_size: int  # dense SwiGLU width; 0 for an all-MoE model
-    qkv_bias: bool
-    experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    weight_bytes: int = 0
-    non_kv_overhead_gib: float = 3.0
-    sources: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 0
-
-    @property
-    def dense_params_per_layer(self) -> float:
-        """Parameters every token touches in one layer: attention projections, dense MLP, router."""
-        h, d = self.hidden_size, self.head_dim
-        q = h * self.attention_heads * d
-        kv = 2 * h * self.kv_heads * d
-        o = self.attention_heads * d * h
-        bias = (self.attention_heads + 2 * self.kv_heads) * d if self.qkv_bias else 0
-        mlp = 3 * h * self.intermediate_size
-        router = h * self.experts
-        return float(q + kv + o + bias + mlp + router)
-
-    @property
-    def expert_params(self) -> float:
-        return float(3 * self.hidden_size * self.moe_intermediate_size)
-
-    @property
-    def kv_bytes_per_token_layer(self) -> int:
-        return 2 * self.kv_heads * self.head_dim * 2
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.layers * self.kv_bytes_per_token_layer
+def _pairs(v: Any) -> tuple[tuple[float, float], ...]:
+    return tuple((float(a), float(b)) for a, b in v)
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The section 3.2 constants. They were calibrated on H20 and are reused unchanged on
-    H100/H200 (whose profiles are therefore extrapolations, said so in their provenance)."""
+    """The form's constants for one GPU. Defaults are costmodel.md section 3.2's (calibrated
+    on H20); a GPU's YAML (`efficiency:`) overrides them with its fitted values."""
 
+    # GEMMs
     gemm_min_rows: int = 64
     mfu_gemm: tuple[tuple[float, float], ...] = (
         (64, 0.68), (128, 0.74), (256, 0.78), (512, 0.80), (2048, 0.82), (8192, 0.83),
     )
+    gemm_mfu: float | None = None  # set: one large-M MFU replaces the mfu_gemm table
     weight_stream_eff: float = 0.80
+    roofline_n: float | None = None  # None: hard knee max(compute, memory)
+    gemm_launch_s: float = 0.0  # per GEMM (4 per layer, 1 lm_head)
+    # FP8 GEMM kernels (DeepGEMM) differ from BF16 cuBLAS: their own constants, used only
+    # to predict FP8 kernel rows (lmsim serves BF16)
+    gemm_mfu_fp8: float | None = None
+    weight_stream_eff_fp8: float | None = None
+    # routed experts
     moe_block: int = 16
     mfu_moe: tuple[tuple[float, float], ...] = (
         (16, 0.45), (64, 0.60), (256, 0.72), (512, 0.75), (2048, 0.78),
     )
+    moe_mfu: float | None = None  # set: mfu(r) = moe_mfu * r / (r + moe_half_rows), r = max(n, block), replaces the table
+    moe_half_rows: float = 16.0
+    moe_launch_s: float = 0.0  # per MoE layer (routing, align/sort, two grouped GEMMs)
+    # prefill attention
     mfu_attn: tuple[tuple[float, float], ...] = (
         (128, 0.30), (1024, 0.52), (2048, 0.70), (4096, 0.80), (8192, 0.86),
         (16384, 0.89), (32768, 0.92),
     )
+    attn_mfu: float | None = None  # set: mfu(L) = attn_mfu * L / (L + attn_half_kv) replaces the table
+    attn_half_kv: float = 0.0
     mfu_attn_small_q: float = 0.5
     small_q: int = 16
-    # FA2-class kernels (section 5 rows 6b, 7) reach 0.45 MFU where FA3 reaches 0.73 [D3].
-    attn_mfu_scale: float = 1.0
+    attn_mfu_scale: float = 1.0  # FA2-class kernels (costmodel.md section 5 rows 6b, 7)
+    prefill_chunk_s: float = 0.0  # per chunk per layer (varlen metadata, tile tail)
+    # decode attention
     kv_read_eff: float = 0.85
     attn_launch_per_layer_s: float = 17e-6
+    decode_head_s: float = 0.0  # per (sequence, KV head): split/merge and page-table work
+    # Kernel efficiency by (kv heads per GPU, batch, per-sequence context), multiplying
+    # kv_read_eff; an empty table means 1 everywhere.
+    kv_eff_heads: tuple[float, ...] = ()
+    kv_eff_batch: tuple[float, ...] = ()
+    kv_eff_context: tuple[float, ...] = ()
+    kv_eff_values: tuple = ()  # [heads][batch][context]
+    # The small-batch engine term: in serving engines a decode step reads its KV slower than
+    # the bare kernel when it has few (sequence, KV head) pairs to spread over the SMs: the
+    # kernel's KV time is multiplied by 1 + engine_kv_half_units / (B x KV heads per GPU)
+    # (None: no term).
+    engine_kv_half_units: float | None = None
+    # per-layer kernels outside the groups above (norms, RoPE, activation; MoE routing)
     layer_fixed_s: float = 8e-6
     layer_fixed_moe_s: float = 45e-6
+    # host (the engine's CPU work) and sampling
     cpu_base_s: float = 1.2e-3
     cpu_per_seq_s: float = 6e-6
     cpu_per_token_s: float = 0.05e-6
     sample_base_s: float = 0.1e-3
     sample_per_seq_s: float = 3e-6
+    allreduce_eff: float = 0.7  # achieved fraction of the per-direction link bandwidth
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any], where: str) -> Efficiency:
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k not in known:
+                raise ProfileError(f"{where}: unknown field 'efficiency.{k}' (known: {', '.join(known)})")
+            if k in ("mfu_gemm", "mfu_moe", "mfu_attn"):
+                values[k] = _pairs(v)
+            elif k == "kv_eff_values":
+                values[k] = tuple(tuple(tuple(float(x) for x in row) for row in plane) for plane in v)
+            elif k.startswith("kv_eff_"):
+                values[k] = tuple(float(x) for x in v)
+            elif v is None:
+                values[k] = None
+            else:
+                try:
+                    values[k] = float(v)
+                except (TypeError, ValueError):
+                    raise ProfileError(f"{where}: field 'efficiency.{k}' must be a number, got {v!r}") from None
+        for k in ("gemm_min_rows", "moe_block", "small_q"):
+            if k in values:
+                values[k] = int(values[k])
+        return cls(**values)
+
+    def as_mapping(self) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            return [plain(x) for x in v] if isinstance(v, tuple | list) else v
+
+        return {k: plain(v) for k, v in asdict(self).items()}
+
+
+def efficiency_for(gpu: GpuSpec) -> Efficiency:
+    """The GPU's fitted constants; a user spec without its own borrows those of
+    `efficiency_like` or, failing that, of the shipped GPU of the same architecture."""
+    raw = gpu.efficiency
+    if not raw:
+        like = gpu.efficiency_like or {"hopper": "h100", "ampere": "a100", "ada": "l40s"}.get(gpu.arch)
+        if like and like != gpu.key:
+            raw = load_gpu(like).efficiency
+    return Efficiency.from_mapping(raw or {}, f"{gpu.key} GPU spec")
 
 
 EFFICIENCY_SOURCES = {
@@ -134,96 +173,6 @@ EFFICIENCY_SOURCES = {
 }
 
 
-_SPEC = "public spec sheet"
-GPUS: dict[str, GpuSpec] = {
-    "h20": GpuSpec(
-        "h20", "NVIDIA H20 96GB", 148e12, 4.0e12, 96.0, 97871.0,
-        {
-            "peak_bf16_flops": "costmodel.md section 2 [H1]-[H4]: 148 TFLOPS dense BF16",
-            "hbm_bandwidth_bytes_s": "costmodel.md section 2 [H1], [H2]: 4.0 TB/s HBM3",
-            "memory_mib_visible": "costmodel.md section 2 [H6]: nvidia-smi reports 97,871 MiB",
-        },
-    ),
-    "h100": GpuSpec(
-        "h100", "NVIDIA H100 SXM 80GB", 989e12, 3.35e12, 80.0, 81559.0,
-        {
-            "peak_bf16_flops": f"{_SPEC}: 989 TFLOPS dense BF16 (H100 SXM)",
-            "hbm_bandwidth_bytes_s": f"{_SPEC}: 3.35 TB/s HBM3",
-            "memory_mib_visible": "assumption: 81,559 MiB, the usual nvidia-smi total for an 80 GB H100",
-        },
-    ),
-    "h200": GpuSpec(
-        "h200", "NVIDIA H200 141GB", 989e12, 4.8e12, 141.0, 143771.0,
-        {
-            "peak_bf16_flops": f"{_SPEC}: 989 TFLOPS dense BF16 (same compute as H100 SXM)",
-            "hbm_bandwidth_bytes_s": f"{_SPEC}: 4.8 TB/s HBM3e",
-            "memory_mib_visible": "assumption: 143,771 MiB, the usual nvidia-smi total for a 141 GB H200",
-        },
-    ),
-}
-
-_QWEN3_DENSE_SRC = {"config": "Qwen3 dense config.json (public model card); used only for section 5 rows 1-4, 7"}
-
-MODELS: dict[str, ModelSpec] = {
-    "qwen2-7b": ModelSpec(
-        "qwen2-7b", "Qwen2-7B(-Instruct)", layers=28, hidden_size=3584, attention_heads=28,
-        kv_heads=4, head_dim=128, vocab_size=152064, intermediate_size=18944, qkv_bias=True,
-        weight_bytes=15_231_233_024, non_kv_overhead_gib=3.0,
-        sources={
-            "config": "costmodel.md section 1, [M1], [M2]: public config.json",
-            "weight_bytes": "7,615,616,512 parameters x 2 B (bf16), computed from config.json",
-            "non_kv_overhead_gib": "costmodel.md 3.3: activation + non-torch + CUDA graph, assumed 3.0 GiB",
-        },
-    ),
-    "qwen3-30b-a3b": ModelSpec(
-        "qwen3-30b-a3b", "Qwen3-30B-A3B", layers=48, hidden_size=2048, attention_heads=32,
-        kv_heads=4, head_dim=128, vocab_size=151936, intermediate_size=0, qkv_bias=False,
-        experts=128, experts_per_token=8, moe_intermediate_size=768,
-        weight_bytes=61_064_216_576, non_kv_overhead_gib=3.5,
-        sources={
-            "config": "costmodel.md section 1, [M3], [M4]: public config.json",
-            "weight_bytes": "costmodel.md section 1 [M5]: safetensors total 61,064,216,576 B",
-            "non_kv_overhead_gib": "costmodel.md 3.3: activation + non-torch + CUDA graph, assumed 3.5 GiB",
-        },
-    ),
-    # Calibration-only models (section 5 rows 1-4 and 7): no shipped profile.
-    "qwen3-4b": ModelSpec(
-        "qwen3-4b", "Qwen3-4B", layers=36, hidden_size=2560, attention_heads=32, kv_heads=8,
-        head_dim=128, vocab_size=151936, intermediate_size=9728, qkv_bias=False,
-        sources=_QWEN3_DENSE_SRC,
-    ),
-    "qwen3-8b": ModelSpec(
-        "qwen3-8b", "Qwen3-8B", layers=36, hidden_size=4096, attention_heads=32, kv_heads=8,
-        head_dim=128, vocab_size=151936, intermediate_size=12288, qkv_bias=False,
-        sources=_QWEN3_DENSE_SRC,
-    ),
-    "qwen3-14b": ModelSpec(
-        "qwen3-14b", "Qwen3-14B", layers=40, hidden_size=5120, attention_heads=40, kv_heads=8,
-        head_dim=128, vocab_size=151936, intermediate_size=17408, qkv_bias=False,
-        sources=_QWEN3_DENSE_SRC,
-    ),
-    "qwen3-32b": ModelSpec(
-        "qwen3-32b", "Qwen3-32B", layers=64, hidden_size=5120, attention_heads=64, kv_heads=8,
-        head_dim=128, vocab_size=151936, intermediate_size=25600, qkv_bias=False,
-        sources=_QWEN3_DENSE_SRC,
-    ),
-}
-
-# The profiles shipped under profiles/: every GPU with the two served models.
-SHIPPED = [f"{g}/{m}" for g in ("h20", "h100", "h200") for m in ("qwen2-7b", "qwen3-30b-a3b")]
-
-
-def split_name(name: str, *, where: str = "profile") -> tuple[GpuSpec, ModelSpec]:
-    gpu_key, _, model_key = name.partition("/")
-    if gpu_key not in GPUS:
-        raise ProfileError(f"{where}: unknown GPU {gpu_key!r} in {name!r} (known: {', '.join(GPUS)})")
-    if model_key not in MODELS:
-        raise ProfileError(
-            f"{where}: unknown model {model_key!r} in {name!r} (known: {', '.join(MODELS)})"
-        )
-    return GPUS[gpu_key], MODELS[model_key]
-
-
 def _loglin(points: Sequence[tuple[float, float]], x: np.ndarray) -> np.ndarray:
     """Log-linear interpolation of an efficiency curve, held flat beyond both ends."""
     xs = np.log([p[0] for p in points])
@@ -231,102 +180,244 @@ def _loglin(points: Sequence[tuple[float, float]], x: np.ndarray) -> np.ndarray:
     return np.interp(np.log(np.maximum(x, 1e-9)), xs, ys)
 
 
+def roofline(compute: np.ndarray, memory: np.ndarray, n: float | None) -> np.ndarray:
+    """max(compute, memory) (n None) or the smooth (compute^n + memory^n)^(1/n)."""
+    if n is None:
+        return np.maximum(compute, memory)
+    hi = np.maximum(np.maximum(compute, memory), 1e-300)
+    return hi * ((compute / hi) ** n + (memory / hi) ** n) ** (1.0 / n)
+
+
 @dataclass(frozen=True)
-class AnalyticModel:
-    """Section 3 of costmodel.md, split into the components a profile tabulates."""
+class Kernels:
+    """One GPU's kernel groups, priced from its facts and fitted constants."""
 
     gpu: GpuSpec
-    model: ModelSpec
-    eff: Efficiency = Efficiency()
+    eff: Efficiency
 
     @classmethod
-    def named(cls, name: str, **eff_overrides: object) -> AnalyticModel:
-        gpu, model = split_name(name)
-        return cls(gpu, model, replace(Efficiency(), **eff_overrides))
+    def named(cls, gpu: str | GpuSpec) -> Kernels:
+        spec = gpu if isinstance(gpu, GpuSpec) else load_gpu(gpu)
+        return cls(spec, efficiency_for(spec))
 
-    @property
-    def name(self) -> str:
-        return f"{self.gpu.key}/{self.model.key}"
+    def peak(self, fp8: bool = False) -> float:
+        if fp8:
+            if not self.gpu.peak_fp8_flops:
+                raise ProfileError(f"{self.gpu.key}: no FP8 peak in the GPU spec")
+            return self.gpu.peak_fp8_flops
+        return self.gpu.peak_bf16_flops
 
-    # -- components ---------------------------------------------------------------------
-    def mfu_gemm(self, m: np.ndarray) -> np.ndarray:
+    # -- GEMMs ------------------------------------------------------------------------------
+    def gemm_mfu(self, m: np.ndarray) -> np.ndarray:
+        if self.eff.gemm_mfu is not None:
+            return np.full(np.shape(m), self.eff.gemm_mfu)
         return _loglin(self.eff.mfu_gemm, m)
 
-    def dense(self, tokens: np.ndarray) -> np.ndarray:
-        """Dense GEMMs (projections, dense MLP, router) for T tokens in the step."""
-        t = np.asarray(tokens, dtype=float)
-        w = self.model.layers * self.model.dense_params_per_layer
-        m = np.maximum(t, self.eff.gemm_min_rows)
-        compute = 2.0 * w * m / (self.gpu.peak_bf16_flops * self.mfu_gemm(m))
-        memory = 2.0 * w / (self.gpu.hbm_bandwidth_bytes_s * self.eff.weight_stream_eff)
-        return np.maximum(compute, memory)
+    def gemm(self, m: np.ndarray, weights: float, *, fp8: bool = False, launches: int = 1) -> np.ndarray:
+        """`m` rows times a weight matrix of `weights` elements (N·K), one or more GEMMs."""
+        m = np.asarray(m, dtype=float)
+        e = self.eff
+        rows = np.maximum(m, e.gemm_min_rows)
+        mfu = self.gemm_mfu(rows)
+        bw_eff = e.weight_stream_eff
+        if fp8 and e.gemm_mfu_fp8 is not None:
+            mfu = np.full(np.shape(rows), e.gemm_mfu_fp8)
+        if fp8 and e.weight_stream_eff_fp8 is not None:
+            bw_eff = e.weight_stream_eff_fp8
+        compute = 2.0 * weights * rows / (self.peak(fp8) * mfu)
+        memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
+        return launches * e.gemm_launch_s + roofline(compute, memory, e.roofline_n)
 
-    def lm_head(self, seqs: np.ndarray) -> np.ndarray:
-        """Logits for one row per scheduled sequence."""
-        b = np.asarray(seqs, dtype=float)
-        vh = float(self.model.vocab_size * self.model.hidden_size)
-        m = np.maximum(b, self.eff.gemm_min_rows)
-        compute = 2.0 * vh * m / (self.gpu.peak_bf16_flops * self.mfu_gemm(m))
-        memory = 2.0 * vh / (self.gpu.hbm_bandwidth_bytes_s * self.eff.weight_stream_eff)
-        return np.maximum(compute, memory)
-
-    def moe(self, tokens: np.ndarray) -> np.ndarray:
-        """Routed experts under uniform routing (an upper bound on distinct experts)."""
-        t = np.asarray(tokens, dtype=float)
-        if not self.model.is_moe:
-            return np.zeros_like(t)
-        e, k, h = float(self.model.experts), float(self.model.experts_per_token), self.model.hidden_size
-        mi = self.model.moe_intermediate_size
-        t = np.maximum(t, 1.0)
+    # -- routed experts -------------------------------------------------------------------------
+    def moe(self, tokens: np.ndarray, experts: int, per_token: int, expert_params: float,
+            *, fp8: bool = False) -> np.ndarray:
+        """One MoE layer's routed experts under uniform routing (an upper bound on distinct
+        experts): E_act = E(1 - (1 - k/E)^T), n = T·k/E_act rows each, padded to blocks."""
+        t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+        e, k = float(experts), float(per_token)
         e_act = e * (1.0 - (1.0 - k / e) ** t)
         n = t * k / e_act
         blk = self.eff.moe_block
         rows = e_act * blk * np.maximum(1.0, n / blk + 0.5 * (n > blk))
-        compute = 2.0 * rows * 3 * h * mi / (self.gpu.peak_bf16_flops * _loglin(self.eff.mfu_moe, n))
-        memory = e_act * 3 * h * mi * 2.0 / (self.gpu.hbm_bandwidth_bytes_s * self.eff.weight_stream_eff)
-        return self.model.layers * np.maximum(compute, memory)
+        ef = self.eff
+        # Efficiency keyed by the rows each expert's GEMM really runs (n padded to the block).
+        padded = np.maximum(n, blk)
+        mfu = _loglin(ef.mfu_moe, n) if ef.moe_mfu is None else ef.moe_mfu * padded / (padded + ef.moe_half_rows)
+        compute = 2.0 * rows * expert_params / (self.peak(fp8) * mfu)
+        memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * ef.weight_stream_eff)
+        return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n)
 
-    def _attn(self, q: np.ndarray, c: np.ndarray) -> np.ndarray:
-        m = self.model
-        flops = 4.0 * m.layers * m.attention_heads * m.head_dim * (q * c + q * (q + 1) / 2.0)
-        kv_bytes = m.layers * (c + q) * float(m.kv_bytes_per_token_layer)
+    # -- attention ------------------------------------------------------------------------------
+    def attn_mfu(self, q: np.ndarray, kv_len: np.ndarray) -> np.ndarray:
+        e = self.eff
+        if e.attn_mfu is not None:
+            return e.attn_mfu * kv_len / (kv_len + e.attn_half_kv) * e.attn_mfu_scale
         # Spec 3.2(4) uses 0.5 for q <= 16 ("memory-bound anyway"). Over a long cached context
         # a 16-token chunk is compute-bound, and a flat 0.5 would make it dearer than a 17-token
-        # chunk; max(0.5, mfu_attn) keeps the cost monotone in q and changes no decode (which
-        # stays memory-bound) and no section 5/6 number.
-        long_mfu = _loglin(self.eff.mfu_attn, c + q)
-        mfu = np.where(q <= self.eff.small_q, np.maximum(self.eff.mfu_attn_small_q, long_mfu), long_mfu)
-        if self.eff.attn_mfu_scale != 1.0:
-            mfu = np.where(q <= self.eff.small_q, mfu, mfu * self.eff.attn_mfu_scale)
-        return np.maximum(
-            flops / (self.gpu.peak_bf16_flops * mfu),
-            kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.eff.kv_read_eff),
-        )
+        # chunk; max(0.5, mfu_attn) keeps the cost monotone in q.
+        long_mfu = _loglin(e.mfu_attn, kv_len)
+        mfu = np.where(q <= e.small_q, np.maximum(e.mfu_attn_small_q, long_mfu), long_mfu)
+        if e.attn_mfu_scale != 1.0:
+            mfu = np.where(q <= e.small_q, mfu, mfu * e.attn_mfu_scale)
+        return mfu
+
+    def prefill_attention(self, q: np.ndarray, c: np.ndarray, q_heads: int, kv_heads: int,
+                          head_dim: int, batch: int = 1) -> np.ndarray:
+        """One layer: `batch` chunks of q new tokens over c cached ones each, causal inside
+        the chunk, in one kernel."""
+        q = np.asarray(q, dtype=float)
+        c = np.asarray(c, dtype=float)
+        flops = batch * 4.0 * q_heads * head_dim * (q * c + q * (q + 1) / 2.0)
+        kv_bytes = batch * (c + q) * 4.0 * kv_heads * head_dim
+        compute = flops / (self.peak() * self.attn_mfu(q, c + q))
+        memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.eff.kv_read_eff)
+        return batch * self.eff.prefill_chunk_s + roofline(compute, memory, self.eff.roofline_n)
+
+    def kv_kernel_eff(self, batch: np.ndarray, context: np.ndarray, kv_heads: int) -> np.ndarray:
+        """Decode kernel KV-read efficiency (fraction of HBM bandwidth)."""
+        e = self.eff
+        base = np.full(np.broadcast(np.asarray(batch), np.asarray(context)).shape, e.kv_read_eff)
+        if not e.kv_eff_values:
+            return base
+        vals = np.asarray(e.kv_eff_values, dtype=float)
+        lb = np.log(np.maximum(np.asarray(batch, float), 1.0))
+        lc = np.log(np.maximum(np.asarray(context, float), 1.0))
+        out = []
+        for plane in vals:  # per head count: bilinear in (log batch, log context), held at the edges
+            by_ctx = np.array([np.interp(lc, np.log(e.kv_eff_context), row) for row in plane])
+            out.append(_interp_axis0(np.log(e.kv_eff_batch), by_ctx, lb))
+        out = np.array(out)
+        if len(e.kv_eff_heads) == 1:
+            return base * out[0]
+        return base * _interp_axis0(np.asarray(e.kv_eff_heads, float), out, np.full(lb.shape, float(kv_heads)))
+
+    def engine_kv_factor(self, batch: np.ndarray, kv_heads: int) -> np.ndarray:
+        """Engine KV time / kernel KV time (>= 1): 1 + half_units / (B x KV heads)."""
+        b = np.maximum(np.asarray(batch, float), 1.0)
+        if self.eff.engine_kv_half_units is None:
+            return np.ones_like(b)
+        return 1.0 + self.eff.engine_kv_half_units / (b * kv_heads)
+
+    def decode_attention(self, batch: np.ndarray, context: np.ndarray, q_heads: int, kv_heads: int,
+                         head_dim: int, *, engine: bool = True) -> np.ndarray:
+        """One layer: `batch` decodes each attending to `context` KV tokens (launch included)."""
+        b = np.asarray(batch, dtype=float)
+        ctx = np.asarray(context, dtype=float)
+        kv_bytes = b * ctx * 4.0 * kv_heads * head_dim
+        flops = 4.0 * q_heads * head_dim * b * ctx
+        if engine:
+            # In an engine step the kernel runs with the engine's launch configuration: the
+            # benchmark table does not apply, the engine term does.
+            memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.eff.kv_read_eff)
+            memory = memory * self.engine_kv_factor(b, kv_heads)
+        else:
+            memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.kv_kernel_eff(b, ctx, kv_heads))
+        compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
+        per_head = self.eff.decode_head_s * b * kv_heads
+        return self.eff.attn_launch_per_layer_s + per_head + roofline(compute, memory, self.eff.roofline_n)
+
+    # -- communication --------------------------------------------------------------------------
+    def allreduce(self, nbytes: np.ndarray, tp: int) -> np.ndarray:
+        if tp <= 1:
+            return np.zeros_like(np.asarray(nbytes, dtype=float))
+        link = self.gpu.interconnect_bandwidth_bytes_s * self.eff.allreduce_eff
+        return self.gpu.allreduce_latency_s + 2.0 * (tp - 1) / tp * np.asarray(nbytes, float) / link
+
+
+def _interp_axis0(xs: np.ndarray, table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Linear interpolation along the first axis of `table` (held at the ends), element-wise."""
+    x = np.clip(x, xs[0], xs[-1])
+    i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, max(len(xs) - 2, 0))
+    if len(xs) == 1:
+        return table[0]
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    idx = np.indices(x.shape)
+    lo = table[(i, *idx)]
+    hi = table[(i + 1, *idx)]
+    return lo * (1.0 - w) + hi * w
+
+
+@dataclass(frozen=True)
+class AnalyticModel:
+    """One GPU (or tensor-parallel group) serving one model: the step split into the
+    components a profile tabulates."""
+
+    gpu: GpuSpec
+    model: ModelSpec  # one rank's share when model.tp > 1
+    eff: Efficiency = field(default_factory=Efficiency)
+
+    @classmethod
+    def build(cls, gpu: str | GpuSpec, model: str | ModelSpec, tp: int = 1, **eff_overrides: Any) -> AnalyticModel:
+        g = gpu if isinstance(gpu, GpuSpec) else load_gpu(gpu)
+        m = model if isinstance(model, ModelSpec) else load_model(model)
+        eff = efficiency_for(g)
+        if eff_overrides:
+            eff = replace(eff, **eff_overrides)
+        return cls(g, shard(m, tp) if m.tp == 1 else m, eff)
+
+    @classmethod
+    def named(cls, name: str, **eff_overrides: Any) -> AnalyticModel:
+        gpu, model, tp = split_name(name)
+        return cls.build(gpu, model, tp, **eff_overrides)
+
+    @property
+    def name(self) -> str:
+        return profile_name(self.gpu.key, self.model.key, self.model.tp)
+
+    @property
+    def kernels(self) -> Kernels:
+        return Kernels(self.gpu, self.eff)
+
+    # -- components ---------------------------------------------------------------------
+    def dense(self, tokens: np.ndarray) -> np.ndarray:
+        """Dense GEMMs (projections, dense MLP, router) and the tensor-parallel all-reduces
+        for T tokens in the step."""
+        t = np.asarray(tokens, dtype=float)
+        m = self.model
+        gemms = self.kernels.gemm(t, m.layers * m.dense_params_per_layer, launches=4 * m.layers)
+        comm = 2 * m.layers * self.kernels.allreduce(t * m.hidden_size * 2.0, m.tp)
+        return gemms + comm
+
+    def lm_head(self, seqs: np.ndarray) -> np.ndarray:
+        """Logits for one row per scheduled sequence, and sampling: GPU work (so the host
+        part, `cpu`, is what an engine with async scheduling overlaps)."""
+        b = np.asarray(seqs, dtype=float)
+        e = self.eff
+        logits = self.kernels.gemm(b, float(self.model.vocab_size * self.model.hidden_size))
+        return logits + e.sample_base_s + e.sample_per_seq_s * b
+
+    def moe(self, tokens: np.ndarray) -> np.ndarray:
+        t = np.asarray(tokens, dtype=float)
+        m = self.model
+        if not m.is_moe:
+            return np.zeros_like(t)
+        per_layer = self.kernels.moe(t, m.experts, m.experts_per_token, m.expert_params)
+        return m.moe_layer_count * per_layer
 
     def prefill_attention(self, q: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Attention of one chunk of q new tokens over c cached ones (launch cost excluded)."""
-        return self._attn(np.asarray(q, dtype=float), np.asarray(c, dtype=float))
+        """Attention of one chunk of q new tokens over c cached ones, every layer."""
+        m = self.model
+        return m.layers * self.kernels.prefill_attention(q, c, m.attention_heads, m.kv_heads, m.head_dim)
 
     def decode_attention(self, batch: np.ndarray, total_context: np.ndarray) -> np.ndarray:
-        """Attention of `batch` decodes whose KV lengths (c_i + 1) sum to total_context.
-
-        Each decode's cost is linear in its own KV length, so the sum depends on the total
-        only; the batch axis exists for measured tables, where it need not be so.
-        """
-        b = np.asarray(batch, dtype=float)
-        per_token = self._attn(np.array(1.0), np.array(0.0))  # q=1, c=0: one KV token
-        return np.asarray(total_context, dtype=float) * per_token + 0.0 * b
+        """Attention of `batch` decodes whose KV lengths (c_i + 1) sum to total_context, every
+        layer, launch excluded (it is in `fixed`); each decode at the mean context."""
+        m = self.model
+        b = np.maximum(np.asarray(batch, dtype=float), 1.0)
+        ctx = np.asarray(total_context, dtype=float) / b
+        per_layer = self.kernels.decode_attention(b, ctx, m.attention_heads, m.kv_heads, m.head_dim)
+        return m.layers * (per_layer - self.eff.attn_launch_per_layer_s)
 
     def fixed(self) -> float:
         """GPU time every step pays regardless of size: per-layer kernels and attention launch."""
-        per_layer = self.eff.layer_fixed_s + (self.eff.layer_fixed_moe_s if self.model.is_moe else 0.0)
-        return self.model.layers * (per_layer + self.eff.attn_launch_per_layer_s)
+        e = self.eff
+        per_layer = e.layer_fixed_s + e.attn_launch_per_layer_s
+        return self.model.layers * per_layer + self.model.moe_layer_count * e.layer_fixed_moe_s
 
     def cpu(self, seqs: np.ndarray) -> np.ndarray:
-        """Scheduler, input preparation, output processing and sampling, per step."""
+        """Host time per step: scheduler, input preparation, output processing."""
         b = np.asarray(seqs, dtype=float)
-        e = self.eff
-        return e.cpu_base_s + e.cpu_per_seq_s * b + e.sample_base_s + e.sample_per_seq_s * b
+        return self.eff.cpu_base_s + self.eff.cpu_per_seq_s * b
 
     # -- the whole step (reference for tests and provenance) ----------------------------
     def step_time(
@@ -355,7 +446,32 @@ class AnalyticModel:
         return int(pool // (block_size * self.model.kv_bytes_per_token)) * block_size
 
 
-# -- composite workloads used by section 5 and 6 ---------------------------------------------
+def profile_name(gpu: str, model: str, tp: int = 1) -> str:
+    return f"{gpu}/{model}" + (f"-tp{tp}" if tp > 1 else "")
+
+
+def split_name(name: str, *, where: str = "profile") -> tuple[str, str, int]:
+    """`h20/qwen3-8b` or `a100/llama-3-70b-tp4` -> (gpu, model, tp); unknown parts raise."""
+    gpu_key, _, model_key = name.partition("/")
+    tp = 1
+    head, sep, tail = model_key.rpartition("-tp")
+    if sep and tail.isdigit():
+        model_key, tp = head, int(tail)
+    from lmsim.profile.hardware import _model_names, shipped_gpus
+
+    if gpu_key not in shipped_gpus():
+        raise ProfileError(f"{where}: unknown GPU {gpu_key!r} in {name!r} (known: {', '.join(shipped_gpus())})")
+    if model_key.lower() not in _model_names():
+        raise ProfileError(f"{where}: unknown model {model_key!r} in {name!r} "
+                           f"(known: see lmsim/data/hardware/models.yaml)")
+    return gpu_key, model_key, tp
+
+
+# The profiles shipped under profiles/: every GPU with the two served models.
+SHIPPED = [f"{g}/{m}" for g in ("h20", "h100", "h200") for m in ("qwen2-7b", "qwen3-30b-a3b")]
+
+
+# -- composite workloads: a request alone, as the simulator prices it -----------------------
 def prefill_seconds(model, tokens: int, cached: int = 0, budget: int = 8192) -> float:
     """A request alone: its new tokens in chunks of `budget`, each chunk one step."""
     total, done = 0.0, 0
@@ -371,87 +487,19 @@ def decode_step_seconds(model, batch: int, context: int) -> float:
     return model.step_time((), batch, batch * context)
 
 
+def decode_seconds(model, prompt: int, output: int) -> float:
+    """The output-1 decode steps of a request alone after a `prompt`-token prefill: step k
+    attends to prompt + 1 + k tokens."""
+    if output <= 1:
+        return 0.0
+    if hasattr(model, "decode_run_times"):
+        return float(np.sum(model.decode_run_times(1, prompt + 1, output - 1)))
+    return float(sum(model.step_time((), 1, prompt + 1 + k) for k in range(output - 1)))
+
+
 def end_to_end_seconds(model, prompt: int, output: int, budget: int = 8192) -> float:
     """Batch-1 request: chunked prefill (emits the first token), then output-1 decode steps."""
-    prefill = prefill_seconds(model, prompt, 0, budget)
-    decodes = model.decode_run_times(1, prompt + 1, output - 1) if hasattr(model, "decode_run_times") else [
-        model.step_time((), 1, prompt + 1 + k) for k in range(output - 1)
-    ]
-    return prefill + float(np.sum(decodes))
-
-
-@dataclass(frozen=True)
-class DataPoint:
-    """One row of costmodel.md section 5: a public measurement and the model's prediction."""
-
-    row: str
-    model: str  # profile name (gpu/model) to evaluate
-    what: str
-    measured: float
-    doc_model: float
-    unit: str
-    kind: str  # tpot_b1 | e2e | prefill | prefill_throughput | decode_step
-    args: tuple = ()
-    fa2: bool = False
-    # Accepted band for model/measured. Rows that costmodel.md says are under-predicted carry
-    # their documented band rather than a flattering one.
-    ratio_band: tuple[float, float] = (0.90, 1.10)
-
-
-_E2E_IN = (6144, 14336, 30720, 63488)
-DATA_POINTS: list[DataPoint] = [
-    DataPoint("1", "h20/qwen3-8b", "Qwen3-8B bs1 decode (SGLang)", 12.24, 11.88, "ms/token", "tpot_b1"),
-    DataPoint("2", "h20/qwen3-14b", "Qwen3-14B bs1 decode (SGLang)", 21.24, 20.15, "ms/token", "tpot_b1"),
-    DataPoint("3", "h20/qwen3-32b", "Qwen3-32B bs1 decode (SGLang)", 48.29, 43.67, "ms/token", "tpot_b1"),
-    DataPoint("4", "h20/qwen3-4b", "Qwen3-4B bs1 decode (SGLang)", 7.52, 7.37, "ms/token", "tpot_b1"),
-    DataPoint("5", "h20/qwen3-30b-a3b", "Qwen3-30B-A3B bs1 decode (SGLang)", 7.29, 7.40, "ms/token", "tpot_b1"),
-    *[
-        DataPoint(f"6/{p}", "h20/qwen3-30b-a3b", f"Qwen3-30B-A3B bs1 in={p} out=2048 (SGLang)",
-                  meas, mod, "s", "e2e", (p, 2048), ratio_band=(0.75, 1.00))
-        for p, meas, mod in zip(_E2E_IN, (16.7, 19.3, 25.5, 42.6), (15.9, 17.3, 21.2, 33.7))
-    ],
-    *[
-        DataPoint(f"6b/{p}", "h20/qwen3-30b-a3b", f"Qwen3-30B-A3B bs1 in={p} out=2048, FA2-class attention",
-                  meas, mod, "s", "e2e", (p, 2048), fa2=True, ratio_band=(0.85, 1.05))
-        for p, meas, mod in zip(_E2E_IN, (16.7, 19.3, 25.5, 42.6), (16.0, 17.7, 22.9, 40.8))
-    ],
-    *[
-        DataPoint(f"7/{p}", "h20/qwen3-8b", f"Qwen3-8B bs1 in={p} out=2048, FA2-class attention",
-                  meas, mod, "s", "e2e", (p, 2048), fa2=True, ratio_band=(0.80, 1.00))
-        for p, meas, mod in zip(_E2E_IN, (27.7, 31.2, 39.4, 58.9), (25.7, 28.0, 33.9, 51.3))
-    ],
-    DataPoint("8", "h20/qwen3-30b-a3b", "Qwen3-Coder-30B-A3B cold prefill 64k, vLLM TTFT", 15.2, 15.65, "s",
-              "prefill", (65536,)),
-    DataPoint("9", "h20/qwen3-30b-a3b", "Qwen3-Coder-30B-A3B cold prefill 1k, vLLM TTFT", 78.0, 73.0, "ms",
-              "prefill", (1024,)),
-    DataPoint("11", "h20/qwen3-30b-a3b", "Qwen3-30B-A3B prefill throughput, 4x4096 per step (SGLang)",
-              16594.0, 16344.0, "tok/s", "prefill_throughput", (4, 4096)),
-    DataPoint("12", "h20/qwen3-30b-a3b", "Qwen3-30B-A3B decode B=100 ctx 5k (EP4 analogue)", 36.0, 41.0,
-              "ms", "decode_step", (100, 5120), ratio_band=(1.0, 1.25)),
-    DataPoint("13", "h20/qwen3-30b-a3b", "Qwen3-Coder-30B-A3B TPOT, B=1, ctx 30k (light load)", 7.2, 8.2,
-              "ms", "decode_step", (1, 30720), ratio_band=(1.0, 1.45)),
-]
-
-
-def evaluate_point(point: DataPoint, model) -> float:
-    """The prediction of `model` (anything with step_time) for a section 5 row, in its unit."""
-    if point.kind == "tpot_b1":
-        # Speed was (prompt + generated) / time with a 1-token prompt and 2048 generated.
-        return end_to_end_seconds(model, 1, 2048) / 2049 * 1e3
-    if point.kind == "e2e":
-        return end_to_end_seconds(model, *point.args)
-    if point.kind == "prefill":
-        s = prefill_seconds(model, point.args[0])
-        return s * 1e3 if point.unit == "ms" else s
-    if point.kind == "prefill_throughput":
-        n, q = point.args
-        return n * q / model.step_time([(q, 0)] * n, 0, 0)
-    if point.kind == "decode_step":
-        return decode_step_seconds(model, *point.args) * 1e3
-    raise ValueError(point.kind)
-
-
-FA2_SCALE = 0.45 / 0.73
+    return prefill_seconds(model, prompt, 0, budget) + decode_seconds(model, prompt, output)
 
 
 # -- tabulation -------------------------------------------------------------------------------
@@ -469,12 +517,15 @@ GRIDS = {
     "seqs": lambda: _log_grid(1, 8192, 16, 256),
     "chunk_tokens": lambda: _log_grid(1, 131072, 8, 16),
     "cached_context": lambda: np.concatenate([[0.0], _log_grid(16, 262144, 8, 16)]),
-    "batch": lambda: 2.0 ** np.arange(0, 13),
-    "total_context": lambda: np.unique(np.concatenate([[0.0], np.round(2.0 ** (np.arange(0, 57) / 2))])),
+    # Every batch to 16 (the engine term 1 + u/(B x heads) bends most there), then 4 per
+    # octave to 4096; summed context at 4 points per octave (the decode efficiency table is log-bilinear
+    # in the per-sequence context).
+    "batch": lambda: np.unique(np.concatenate([np.arange(1.0, 17.0), np.round(16 * 2.0 ** (np.arange(1, 33) / 4))])),
+    "total_context": lambda: np.unique(np.concatenate([[0.0], np.round(2.0 ** (np.arange(0, 113) / 4))])),
 }
 
 
-def tabulate(analytic: AnalyticModel, *, date: str | None = None):
+def tabulate(analytic: AnalyticModel, *, date: str | None = None, generated_by: str | None = None):
     """The analytic model sampled on the standard grids, as an in-memory profile."""
     import datetime
 
@@ -484,7 +535,8 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None):
     qq, cc = np.meshgrid(g["chunk_tokens"], g["cached_context"], indexing="ij")
     bb, tc = np.meshgrid(g["batch"], g["total_context"], indexing="ij")
     gpu, model, eff = analytic.gpu, analytic.model, analytic.eff
-    meta = {
+    tp = model.tp
+    meta: dict[str, Any] = {
         "hardware": {
             "gpu": gpu.name,
             "memory_gb_nominal": gpu.memory_gb_nominal,
@@ -492,50 +544,49 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None):
             "hbm_bandwidth_bytes_s": gpu.hbm_bandwidth_bytes_s,
             "peak_bf16_flops": gpu.peak_bf16_flops,
         },
-        "model": {
-            "name": model.name,
-            "layers": model.layers,
-            "hidden_size": model.hidden_size,
-            "attention_heads": model.attention_heads,
-            "kv_heads": model.kv_heads,
-            "head_dim": model.head_dim,
-            "vocab_size": model.vocab_size,
-            "kv_bytes_per_token": model.kv_bytes_per_token,
-            "weight_bytes": model.weight_bytes,
-            "dense_params_per_layer": int(model.dense_params_per_layer),
-            "experts": model.experts,
-            "experts_per_token": model.experts_per_token,
-            "moe_intermediate_size": model.moe_intermediate_size,
+    }
+    if tp > 1:
+        meta["parallel"] = {"tensor_parallel_size": tp}
+    meta["model"] = {
+        "name": model.name,
+        "layers": model.layers,
+        "hidden_size": model.hidden_size,
+        "attention_heads": model.attention_heads * tp,
+        "kv_heads": _whole_kv_heads(model),
+        "head_dim": model.head_dim,
+        "vocab_size": model.vocab_size * tp if tp > 1 else model.vocab_size,
+        "kv_bytes_per_token": model.kv_bytes_per_token,
+        "weight_bytes": model.weight_bytes,
+        "dense_params_per_layer": int(model.dense_params_per_layer),
+        "experts": model.experts,
+        "experts_per_token": model.experts_per_token,
+        "moe_intermediate_size": model.moe_intermediate_size,
+    }
+    if tp > 1:
+        meta["model"]["kv_dtype_bytes"] = 2
+    meta["memory"] = {
+        "non_kv_overhead_gib": model.non_kv_overhead_gib,
+        "note": "KV pool = utilization * memory_gib - weight_bytes - non_kv_overhead_gib "
+                "(costmodel.md 3.3)",
+    }
+    meta["step"] = {
+        "fixed_s": float(analytic.fixed()),
+        "cpu_per_token_s": eff.cpu_per_token_s,
+    }
+    meta["provenance"] = {
+        "generated_by": generated_by or f"lmsim profile generate --only {analytic.name} "
+                                        "(lmsim.profile.analytic)",
+        "date": date or datetime.date.today().isoformat(),
+        "spec": "lmsim/profile/analytic.py (form), lmsim/data/hardware/ (GPU and model facts)",
+        "efficiency_constants": {
+            "gpu": gpu.key,
+            "values": eff.as_mapping(),
+            "sources": EFFICIENCY_SOURCES,
         },
-        "memory": {
-            "non_kv_overhead_gib": model.non_kv_overhead_gib,
-            "note": "KV pool = utilization * memory_gib - weight_bytes - non_kv_overhead_gib "
-                    "(costmodel.md 3.3)",
-        },
-        "step": {
-            "fixed_s": float(analytic.fixed()),
-            "cpu_per_token_s": eff.cpu_per_token_s,
-        },
-        "provenance": {
-            "generated_by": f"lmsim profile generate --only {analytic.name} "
-                            "(lmsim.profile.analytic, costmodel.md section 3)",
-            "date": date or datetime.date.today().isoformat(),
-            "spec": "/work/shared/docs/costmodel.md sections 1-6",
-            "efficiency_constants": {
-                "values": {
-                    k: (list(map(list, v)) if isinstance(v, tuple) else v)
-                    for k, v in eff.__dict__.items() if v is not None
-                },
-                "sources": EFFICIENCY_SOURCES,
-                "note": "H20-calibrated constants, used unchanged for every GPU"
-                        + ("" if gpu.key == "h20" else
-                           "; this non-H20 profile is an extrapolation with no public data point"),
-            },
-            "hardware_sources": gpu.sources,
-            "model_sources": model.sources,
-            "interpolation": "piecewise linear in each table axis (bilinear for matrices); first "
-                             "value held below the grid, last segment extended linearly above it",
-        },
+        "hardware_sources": gpu.sources,
+        "model_sources": model.sources,
+        "interpolation": "piecewise linear in each table axis (bilinear for matrices); first "
+                         "value held below the grid, last segment extended linearly above it",
     }
     return ProfileData(
         name=analytic.name, meta=meta,
@@ -546,15 +597,5 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None):
     )
 
 
-def fit_report(model, profile_name: str) -> list[dict]:
-    """Section 5 rows for this profile's GPU and model, predicted by `model` (a table model)."""
-    rows = []
-    for p in DATA_POINTS:
-        if p.model != profile_name or p.fa2:
-            continue
-        v = evaluate_point(p, model)
-        rows.append({
-            "row": p.row, "what": p.what, "unit": p.unit, "measured": p.measured,
-            "model": round(float(v), 4), "ratio": round(float(v / p.measured), 3),
-        })
-    return rows
+def _whole_kv_heads(model: ModelSpec) -> int:
+    return model.whole_kv_heads or model.kv_heads

@@ -163,9 +163,11 @@ def _correction(corr: dict, name: str, x: np.ndarray) -> np.ndarray:
     return _hats(knots, np.maximum(np.asarray(x, float).ravel(), 1.0)) @ theta
 
 
-def _monotone(z: np.ndarray) -> np.ndarray:
-    z = np.maximum.accumulate(z, axis=0)
-    return np.maximum.accumulate(z, axis=1) if z.ndim == 2 else z
+def _monotone(z: np.ndarray, axes: tuple[int, ...] = (0, 1)) -> np.ndarray:
+    for axis in axes:
+        if axis < z.ndim:
+            z = np.maximum.accumulate(z, axis=axis)
+    return z
 
 
 def apply_corrections(data: ProfileData, corr: dict, name: str) -> ProfileData:
@@ -181,7 +183,10 @@ def apply_corrections(data: ProfileData, corr: dict, name: str) -> ProfileData:
         data, name=name, meta=meta,
         dense_s=_monotone(data.dense_s * tok), moe_s=_monotone(data.moe_s * tok),
         lm_head_s=_monotone(data.lm_head_s * seq), cpu_s=_monotone(data.cpu_s * seq),
-        pa=_monotone(pa), da=_monotone(da), source="<fit>",
+        pa=_monotone(pa),
+        # At a fixed summed context fewer, longer sequences cost more (the engine's small-batch
+        # KV term), so the decode table is monotone along the context axis only.
+        da=_monotone(da, axes=(1,)), source="<fit>",
     )
 
 
@@ -215,6 +220,17 @@ def fit_profile(base: TableCostModel, measurements_path: str | Path, name: str) 
             for k, (kn, th) in corr.items()
         },
     }
+    # Where the measurements end: beyond, the tables are the base's shapes under the edge
+    # correction (held), so those steps count as outside the grid.
+    per_seq = m["decode_context"][m["decode_count"] > 0] / m["decode_count"][m["decode_count"] > 0]
+    kv = (m["prefill_tokens"] + m["cached_context"])[m["prefill_tokens"] > 0]
+    limits = dict(data.meta.get("limits") or {})
+    if per_seq.size:
+        limits["decode_context_per_sequence"] = int(np.ceil(per_seq.max()))
+    if kv.size:
+        limits["prefill_kv"] = int(kv.max())
+    if limits:
+        data.meta["limits"] = limits
     prov = dict(data.meta.get("provenance", {}))
     data.meta["provenance"] = {
         "generated_by": f"lmsim profile fit {Path(measurements_path).name} --base {base.name}",

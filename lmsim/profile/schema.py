@@ -70,6 +70,12 @@ FIELDS: tuple[Field, ...] = (
     Field("memory.note", "str", False, "", "free text"),
     Field("step.fixed_s", "number", True, ">= 0", "cost of every step, s"),
     Field("step.cpu_per_token_s", "number", True, ">= 0", "CPU cost per scheduled token, s"),
+    Field("limits.decode_context_per_sequence", "int", False, "> 0",
+          "largest per-sequence KV length the decode table was measured at; a decode step whose "
+          "mean context exceeds it counts as outside the grid"),
+    Field("limits.prefill_kv", "int", False, "> 0",
+          "largest KV length (cached + chunk) the prefill table was measured at; a chunk beyond it "
+          "counts as outside the grid"),
     Field("tables.tokens", "str", True, "", "file of `tokens,dense_s,moe_s`"),
     Field("tables.seqs", "str", True, "", "file of `seqs,lm_head_s,cpu_s`"),
     Field("tables.prefill_attention", "str", True, "", "matrix file `chunk_tokens/cached_context`"),
@@ -78,9 +84,9 @@ FIELDS: tuple[Field, ...] = (
     Field("provenance.date", "str", True, "", "ISO date"),
 )
 
-SECTIONS = ("hardware", "parallel", "model", "memory", "step", "tables", "provenance")
+SECTIONS = ("hardware", "parallel", "model", "memory", "step", "limits", "tables", "provenance")
 # Sections whose every key is listed above; provenance is free-form beyond its two keys.
-CLOSED_SECTIONS = ("hardware", "parallel", "model", "memory", "step", "tables")
+CLOSED_SECTIONS = ("hardware", "parallel", "model", "memory", "step", "limits", "tables")
 
 
 def _lookup(meta: dict[str, Any], key: str) -> tuple[bool, Any]:

@@ -27,7 +27,8 @@ from typing import Any
 import yaml
 
 from lmsim.errors import ProfileError
-from lmsim.profile.analytic import AnalyticModel, GpuSpec, ModelSpec, tabulate
+from lmsim.profile.analytic import AnalyticModel, tabulate
+from lmsim.profile.hardware import GpuSpec, ModelSpec, check_fields
 from lmsim.profile.tables import ProfileData
 
 GPU_KEYS = ("name", "memory_gib", "peak_bf16_flops", "hbm_bandwidth_bytes_s")
@@ -41,12 +42,7 @@ def _section(spec: dict[str, Any], where: str, name: str, keys: tuple[str, ...],
     sec = spec.get(name)
     if not isinstance(sec, dict):
         raise ProfileError(f"{where}: missing field {name!r}")
-    for key in keys:
-        if sec.get(key) is None:
-            raise ProfileError(f"{where}: missing field '{name}.{key}'")
-    for key in sec:
-        if key not in keys and key not in extra:
-            raise ProfileError(f"{where}: unknown field '{name}.{key}'")
+    check_fields(sec, where, keys, extra, prefix=f"{name}.")
     for key in keys + tuple(extra):
         value = sec.get(key)
         if key in ("name", "qkv_bias") or value is None:

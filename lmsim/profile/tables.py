@@ -179,6 +179,12 @@ class TableCostModel:
             "prefill chunk tokens": (self._pa_q[0], self._pa_q[-1]),
             "prefill cached context": (self._pa_c[0], self._pa_c[-1]),
         }
+        limits = m.get("limits") or {}
+        # Where the data end inside the grid (a Vidur import's measured KV lengths): steps
+        # beyond are priced by the tables' analytic extrapolation and counted as outside.
+        self._ctx_limit = float(limits["decode_context_per_sequence"]) if limits.get(
+            "decode_context_per_sequence") else math.inf
+        self._kv_limit = float(limits["prefill_kv"]) if limits.get("prefill_kv") else math.inf
         self._warned_outside = False
         b = self._bounds
         self._flat_bounds = (
@@ -362,6 +368,12 @@ class TableCostModel:
             lo, hi = self._bounds[axis]
             if x < lo or x > hi:
                 return f"{axis} {x:g} outside [{lo:g}, {hi:g}]"
+        if num_decodes and decode_context_tokens > num_decodes * self._ctx_limit:
+            return (f"decode context per sequence {decode_context_tokens / num_decodes:g} beyond the "
+                    f"measured {self._ctx_limit:g}")
+        for q, c in prefill_chunks:
+            if q + c > self._kv_limit:
+                return f"prefill KV length {q + c:g} beyond the measured {self._kv_limit:g}"
         return None
 
     def _decode_run_outside(self, batch: int, context0: int, num_steps: int) -> int:
@@ -370,6 +382,7 @@ class TableCostModel:
             if batch < lo or batch > hi:
                 return num_steps
         lo, hi = self._bounds["decode total context"]
+        hi = min(hi, batch * self._ctx_limit)
         # Step k attends to context0 + k * batch tokens.
         below = min(num_steps, max(0, -(-(int(lo) - context0) // batch)))
         inside_to = (hi - context0) // batch  # last k inside from above
@@ -393,10 +406,11 @@ class TableCostModel:
                 t_lo <= num_decodes <= t_hi and s_lo <= num_decodes <= s_hi
                 and b_lo <= num_decodes <= b_hi
                 and c_lo <= decode_context_tokens and last <= c_hi
+                and last <= num_decodes * self._ctx_limit
             )
         tokens = num_decodes
         for q, c in prefill_chunks:
-            if not (q_lo <= q <= q_hi and k_lo <= c <= k_hi):
+            if not (q_lo <= q <= q_hi and k_lo <= c <= k_hi and q + c <= self._kv_limit):
                 return False
             tokens += q
         seqs = num_decodes + len(prefill_chunks)
@@ -404,6 +418,7 @@ class TableCostModel:
             return False
         return not num_decodes or (
             b_lo <= num_decodes <= b_hi and c_lo <= decode_context_tokens <= c_hi
+            and decode_context_tokens <= num_decodes * self._ctx_limit
         )
 
     def steps_outside_grid(
@@ -663,8 +678,8 @@ def write_profile(data: ProfileData, out_dir: Path) -> Path:
     meta["format"] = FORMAT
     meta["name"] = data.name
     meta["tables"] = dict(TABLE_FILES)
-    ordered = {k: meta[k] for k in ("format", "name", "hardware", "parallel", "model", "memory", "step", "tables",
-                                     "provenance") if k in meta}
+    ordered = {k: meta[k] for k in ("format", "name", "hardware", "parallel", "model", "memory", "step", "limits",
+                                     "tables", "provenance") if k in meta}
     ordered.update({k: v for k, v in meta.items() if k not in ordered})
     text = yaml.safe_dump(ordered, sort_keys=False, width=100, allow_unicode=True, default_flow_style=None)
     write_text(out_dir / "profile.yaml", text)

@@ -189,7 +189,10 @@ def _forest(xs: np.ndarray, ys: np.ndarray, x: np.ndarray, n_rows: int, depth: i
 
 
 class _Attention:
-    """Measured attention medians (ms per layer) and lookups by Vidur's keys."""
+    """Measured attention medians (ms per layer) and lookups by Vidur's keys. Beyond the
+    measured KV lengths a value is the nearest measurement scaled by the analytic kernel's
+    ratio (`shape(kv) / shape(kv_edge)`, see `import_vidur`), not held flat [R7'];
+    `shape` None holds it, as Vidur's forest does."""
 
     def __init__(self, data: _Csv) -> None:
         prefill = data.flag("is_prefill")
@@ -203,13 +206,31 @@ class _Attention:
         if not len(self.chunks) or not len(self.batches):
             raise ProfileError(f"{data.path}: needs both prefill and decode rows")
         self.max_kv = float(max(kv[prefill].max(), kv[dec].max()))
+        self.decode_max_kv = float(kv[dec].max())
+        self.prefill_max_kv = float(kv[prefill].max())
         self.filled = 0  # table cells priced outside the measured points [R7]
+        self.prefill_shape = None  # (kv, chunk) -> analytic time, for extrapolation
+        self.decode_shape = None  # (batch, kv) -> analytic time
+
+    def _beyond(self, xs, ys, x, shape):
+        """Linear between measured points, held below them, and above them the last
+        measurement times the analytic ratio (held when there is no analytic shape)."""
+        out = _held(xs, ys, x)
+        above = x > xs[-1]
+        if shape is not None and np.any(above):
+            out = np.where(above, ys[-1] * shape(np.maximum(x, xs[-1])) / shape(xs[-1]), out)
+        return out
 
     def prefill(self, kv: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-        """Median at (kv, chunk): linear in kv within each measured chunk size, then linear
-        between chunk sizes; held at the edges."""
+        """Median at (kv, chunk): linear in kv within each measured chunk size (extrapolated
+        beyond it), then linear between chunk sizes; held at the chunk edges."""
         kv, chunk = np.broadcast_arrays(np.asarray(kv, float), np.asarray(chunk, float))
-        per_chunk = np.array([_held(xs, ys, kv.ravel()) for xs, ys in self.prefill_rows])
+        flat_kv = kv.ravel()
+        per_chunk = []
+        for size, (xs, ys) in zip(self.chunks, self.prefill_rows):
+            shape = None if self.prefill_shape is None else (lambda k, size=size: self.prefill_shape(k, size))
+            per_chunk.append(self._beyond(xs, ys, flat_kv, shape))
+        per_chunk = np.array(per_chunk)
         out = np.empty(kv.size)
         flat_chunk = chunk.ravel()
         for i, x in enumerate(flat_chunk):
@@ -217,7 +238,7 @@ class _Attention:
         outside = (flat_chunk < self.chunks[0]) | (flat_chunk > self.chunks[-1])
         for i, (xs, _) in enumerate(self.prefill_rows):
             near = np.abs(flat_chunk - self.chunks[i]) < 1e-9
-            outside |= near & ((kv.ravel() < xs[0]) | (kv.ravel() > xs[-1]))
+            outside |= near & ((flat_kv < xs[0]) | (flat_kv > xs[-1]))
         self.filled += int(outside.sum())
         return out.reshape(kv.shape)
 
@@ -225,7 +246,16 @@ class _Attention:
         xs, ys = self.decode_rows[batch]
         kv = np.asarray(kv, float)
         self.filled += int(((kv < xs[0]) | (kv > xs[-1])).sum())
-        return _held(xs, ys, kv)
+        shape = None if self.decode_shape is None else (lambda k: self.decode_shape(batch, k))
+        return self._beyond(xs, ys, kv, shape)
+
+
+def _analytic_kernels(device: str):
+    """lmsim's analytic kernels of the same GPU, when lmsim ships its spec (a100, h100)."""
+    from lmsim.profile.analytic import Kernels
+    from lmsim.profile.hardware import shipped_gpus
+
+    return Kernels.named(device) if device in shipped_gpus() else None
 
 
 def _ceil(x: np.ndarray | int, step: int) -> np.ndarray:
@@ -260,6 +290,7 @@ def import_vidur(
     max_tokens: int = MAX_TOKENS,
     memory_margin: float = MEMORY_MARGIN,
     name: str | None = None,
+    extrapolate: bool = True,
 ) -> ProfileData:
     """Compose Vidur's profiling folder (`compute/<device>/<model>/{mlp,attention}.csv`,
     `network/<network>/all_reduce.csv`) into an lmsim profile; see the module docstring."""
@@ -296,6 +327,15 @@ def import_vidur(
         raise ProfileError(f"{attn.path}: no rows for block size {block_size}")
     attn = attn.take(keep)
     attention = _Attention(attn)
+    q_rank, kv_rank = n_head // tp, -(-n_kv // tp)
+    kernels = _analytic_kernels(device) if extrapolate else None
+    if kernels is not None:
+        # [R7']: beyond the measured KV lengths, scale the edge measurement by the analytic
+        # kernel (lmsim.profile.analytic) of this GPU and this rank's head layout.
+        attention.decode_shape = lambda b, k: kernels.decode_attention(
+            b, k, q_rank, kv_rank, head_dim, engine=False)
+        attention.prefill_shape = lambda k, q: kernels.prefill_attention(
+            q, np.maximum(k - q, 0), q_rank, kv_rank, head_dim)
 
     # [R2], [R4]: per-layer token-keyed operators, looked up at tokens rounded up to 8.
     ops = list(LINEAR_OPS) + (["post_attention_layernorm"] if post_attn_norm else [])
@@ -333,7 +373,9 @@ def import_vidur(
 
     # [R5]: decode rows at every measured batch, columns geometric in the summed context.
     batches = attention.batches
-    c_hi = int(batches[-1] * attention.max_kv)
+    # Columns reach 1M summed tokens at least, so long single sequences stay on the grid (and
+    # are counted through limits.decode_context_per_sequence, not through the grid's edge).
+    c_hi = int(max(batches[-1] * attention.max_kv, 1 << 20))
     c_grid = np.unique(np.concatenate(([0], np.round(np.geomspace(16, c_hi, 16 * int(math.log2(c_hi / 16)) + 1)))))
     c_grid[-1] = c_hi
     overhead = DECODE_BATCHING_OVERHEAD if n_head > n_kv else 0.0
@@ -365,6 +407,10 @@ def import_vidur(
                    "note": "KV pool = utilization x memory_gib - weight_bytes, in whole slots of "
                            "kv_pool_slot_tokens (Vidur's memory planner)"},
         "step": {"fixed_s": 0.0, "cpu_per_token_s": 0.0},
+        "limits": {
+            "decode_context_per_sequence": int(attention.decode_max_kv - DECODE_KV_OFFSET),
+            "prefill_kv": int(attention.prefill_max_kv),
+        },
         "provenance": {
             "generated_by": f"lmsim profile import vidur {root} --model {model} --device {device} "
                             f"--network {network} --tp {tp}",
@@ -391,8 +437,15 @@ def import_vidur(
                 "prefill_attention": f"median at (ceil{KV_GRANULARITY}(c + q), ceil{CHUNK_ROUNDING}(q)), "
                                      "exact at grid points [R6]: sklearn_execution_time_predictor.py "
                                      "_get_batch_prefill_attention_params, _get_attention_prefill_execution_time",
-                "outside_data": f"held at the nearest measured value, as Vidur's random forest does [R7]; "
-                                f"{attention.filled} attention cells filled so",
+                "outside_data": (
+                    f"beyond the measured KV lengths: the edge measurement times the ratio of lmsim's "
+                    f"analytic {device} kernel (lmsim.profile.analytic) [R7']; elsewhere held at the "
+                    f"nearest measurement as Vidur's random forest does [R7]; {attention.filled} "
+                    "attention cells filled so; steps beyond limits.* are counted as outside the grid"
+                    if kernels is not None else
+                    f"held at the nearest measured value, as Vidur's random forest does [R7]; "
+                    f"{attention.filled} attention cells filled so; steps beyond limits.* are "
+                    "counted as outside the grid"),
                 "memory": f"weights {weight_bytes} B and KV {kv_bytes} B/token per GPU, "
                           f"{mem_gb} GiB, margin {memory_margin}, slots of {max_tokens} tokens [R8]: "
                           "vidur/utils/memory_planner.py, vidur/utils/param_counter.py, "

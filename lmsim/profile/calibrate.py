@@ -1,0 +1,387 @@
+"""Fitting the form's per-GPU constants to the fit split of the public measurements
+(`lmsim profile calibrate`, a developer command).
+
+Each kernel group is fitted on its own kernel rows of one GPU (`fit` split only, see
+`measurements.py`): the least-squares solution of log(predicted / measured) over the group's
+constants, by a deterministic Nelder-Mead search in log-parameter space (numpy only). The
+groups and what they fit:
+
+* `gemm` (kernel_gemm, kernel_layer_gemms): gemm_mfu, weight_stream_eff, gemm_launch_s and,
+  for the smooth form, roofline_n;
+* `prefill` (kernel_prefill_attention): attn_mfu, attn_half_kv, prefill_chunk_s;
+* `decode` (kernel_decode_attention): kv_read_eff, attn_launch_per_layer_s, decode_head_s;
+* `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s.
+
+A GPU without rows for a group borrows the group's constants from its nearest relative
+(`BORROW`: H800 is H100 silicon, H200 is H100 compute), recorded in the output. Then the
+engine-level constants (per-layer kernels, the small-batch engine KV term) are fitted on the
+end-to-end rows of every GPU together, with each GPU's kernel constants fixed, because they
+describe the serving engine, not the GPU.
+
+Constants are physically meaningful by construction: an efficiency per kernel group per GPU,
+a launch cost, a saturation length. No row gets its own parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmsim.profile.analytic import Efficiency, Kernels
+from lmsim.profile.hardware import load_gpu
+from lmsim.profile.measurements import Checker, Measurement
+
+# group: (kinds, dtypes fitted); FP8 rows (DeepGEMM) get their own GEMM constants and do not
+# calibrate the BF16 kernels lmsim serves with.
+GROUPS = {
+    "gemm": (("kernel_gemm", "kernel_layer_gemms"), ("bf16", "fp16")),
+    "gemm_fp8": (("kernel_gemm", "kernel_layer_gemms"), ("fp8",)),
+    "prefill": (("kernel_prefill_attention",), ("bf16", "fp16")),
+    "decode": (("kernel_decode_attention",), ("bf16", "fp16")),
+    "moe": (("kernel_moe",), ("bf16", "fp16")),
+}
+# (name, initial value, lower, upper); fitted in log space inside the bounds.
+PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
+    "gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0),
+             ("gemm_launch_s", 3e-6, 1e-7, 3e-5), ("roofline_n", 2.0, 1.0, 12.0)],
+    "gemm_fp8": [("gemm_mfu_fp8", 0.8, 0.2, 1.0), ("weight_stream_eff_fp8", 0.6, 0.2, 1.0)],
+    "prefill": [("attn_mfu", 0.7, 0.1, 1.0), ("attn_half_kv", 500.0, 1.0, 20000.0),
+                ("prefill_chunk_s", 5e-6, 1e-7, 5e-5)],
+    "decode": [("kv_read_eff", 0.85, 0.3, 1.0), ("attn_launch_per_layer_s", 10e-6, 1e-7, 5e-5),
+               ("decode_head_s", 10e-9, 1e-11, 1e-6)],
+    "moe": [("moe_mfu", 0.6, 0.05, 1.0), ("moe_half_rows", 16.0, 1.0, 5000.0),
+            ("moe_launch_s", 10e-6, 1e-7, 2e-4)],
+}
+BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
+# BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
+ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3,
+                iters: int = 600, tol: float = 1e-10) -> np.ndarray:
+    """Minimise f from x0 (deterministic: fixed initial simplex, standard coefficients)."""
+    n = len(x0)
+    simplex = [np.array(x0, float)] + [np.array(x0, float) + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values, kind="stable")
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if abs(values[-1] - values[0]) < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2.0 * (centroid - simplex[-1])
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(xc)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[int(np.argmin(values))]
+
+
+ROBUST_SCALE = 0.1  # log-ratio errors beyond ~10% count linearly, not quadratically
+
+
+def robust_loss(log_errors: np.ndarray) -> float:
+    """Soft-L1 (pseudo-Huber) on log ratios: a row a published number cannot be reconciled
+    with (a benchmark artefact, an engine quirk) pulls the constants no harder than a few
+    ordinary rows."""
+    d = ROBUST_SCALE
+    return float(np.mean(d * d * (np.sqrt(1.0 + (log_errors / d) ** 2) - 1.0)))
+
+
+@dataclass
+class GroupFit:
+    gpu: str
+    group: str
+    rows: int
+    values: dict[str, float]
+    rms_log: float
+    borrowed_from: str | None = None
+
+
+@functools.cache
+def _gpu(key: str):
+    return load_gpu(key)
+
+
+def _log_errors(eff: Efficiency, gpu: str, rows: Sequence[Measurement], checker: Checker) -> np.ndarray:
+    kernels = Kernels(_gpu(gpu), eff)
+    checker._kernels[gpu] = kernels
+    out = []
+    for r in rows:
+        p = checker.predict(r)
+        out.append(math.log(p.predicted / r.measured) if p.predicted and p.predicted > 0 else 5.0)
+    return np.array(out)
+
+
+def fit_group(gpu: str, group: str, rows: Sequence[Measurement], base: Efficiency,
+              *, smooth: bool = True, checker: Checker | None = None) -> GroupFit:
+    """The group's constants minimising the RMS log ratio over `rows` (fit split)."""
+    checker = checker or Checker()
+    params = [p for p in PARAMS[group] if smooth or p[0] != "roofline_n"]
+    lo = np.log([p[2] for p in params])
+    hi = np.log([p[3] for p in params])
+
+    def eff_at(x: np.ndarray) -> Efficiency:
+        vals = np.exp(np.clip(x, lo, hi))
+        return replace(base, **{p[0]: float(v) for p, v in zip(params, vals)})
+
+    def cost(x: np.ndarray) -> float:
+        err = _log_errors(eff_at(x), gpu, rows, checker)
+        penalty = float(np.sum(np.maximum(lo - x, 0) ** 2 + np.maximum(x - hi, 0) ** 2))
+        return robust_loss(err) + penalty
+
+    x0 = np.log([getattr(base, p[0]) if getattr(base, p[0], None) else p[1] for p in params])
+    x = x0
+    for _ in range(3):  # restarts from the best point shake the simplex out of flat valleys
+        x = nelder_mead(cost, x)
+    best = eff_at(x)
+    rms = float(np.sqrt(np.mean(_log_errors(best, gpu, rows, checker) ** 2)))
+    return GroupFit(gpu, group, len(rows), {p[0]: float(getattr(best, p[0])) for p in params}, rms)
+
+
+KV_TABLE_BATCH = (1.0, 16.0, 256.0)
+KV_TABLE_CONTEXT = (4096.0, 32768.0, 131072.0)
+KV_TABLE_RIDGE = 0.01  # pull on log(multiplier) towards 1 where rows say little
+
+
+def fit_kv_table(gpu: str, rows: Sequence[Measurement], base: Efficiency,
+                 checker: Checker | None = None) -> tuple[dict[str, Any], float]:
+    """Decode-kernel efficiency multipliers on a (batch x per-sequence context) grid, log-
+    bilinear between knots and held beyond them, fitted after the decode constants."""
+    checker = checker or Checker()
+    n = len(KV_TABLE_BATCH) * len(KV_TABLE_CONTEXT)
+
+    def eff_at(x: np.ndarray) -> Efficiency:
+        vals = np.exp(np.clip(x, -1.0, 1.0)).reshape(len(KV_TABLE_BATCH), len(KV_TABLE_CONTEXT))
+        return replace(base, kv_eff_heads=(1.0,), kv_eff_batch=KV_TABLE_BATCH,
+                       kv_eff_context=KV_TABLE_CONTEXT,
+                       kv_eff_values=(tuple(tuple(float(v) for v in row) for row in vals),))
+
+    def cost(x: np.ndarray) -> float:
+        return robust_loss(_log_errors(eff_at(x), gpu, rows, checker)) + KV_TABLE_RIDGE * float(np.mean(x ** 2))
+
+    x = np.zeros(n)
+    for _ in range(3):
+        x = nelder_mead(cost, x, step=0.1, iters=800)
+    best = eff_at(x)
+    rms = float(np.sqrt(np.mean(_log_errors(best, gpu, rows, checker) ** 2)))
+    return {k: getattr(best, k) for k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context", "kv_eff_values")}, rms
+
+
+def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool = True,
+              base: Efficiency | None = None, kv_table: bool = False) -> dict[str, Any]:
+    """Every GPU's fitted constants (fit rows only), with what each group was fitted on."""
+    base = base or Efficiency()
+    fit_rows = [r for r in rows if r.split == "fit"]
+    fits: dict[str, dict[str, GroupFit]] = {g: {} for g in gpus}
+    for gpu in gpus:
+        for group, (kinds, dtypes) in GROUPS.items():
+            mine = [r for r in fit_rows if r.gpu == gpu and r.kind in kinds and r.dtype in dtypes]
+            if len(mine) >= 3:
+                fits[gpu][group] = fit_group(gpu, group, mine, base, smooth=smooth)
+                if group == "decode" and kv_table and len(mine) >= 9:
+                    fitted = replace(base, **fits[gpu][group].values)
+                    table, rms = fit_kv_table(gpu, mine, fitted)
+                    fits[gpu][group].values.update(table)
+                    fits[gpu][group].rms_log = rms
+    for gpu in gpus:
+        for group in GROUPS:
+            if group in fits[gpu]:
+                continue
+            donor = next((d for d in BORROW.get(gpu, ()) if group in fits.get(d, {})), None)
+            if donor is not None:
+                g = fits[donor][group]
+                fits[gpu][group] = GroupFit(gpu, group, 0, dict(g.values), g.rms_log, borrowed_from=donor)
+    return fits
+
+
+# -- engine-level constants -----------------------------------------------------------------
+ENGINE_KINDS = ("e2e_b1", "tpot_b1", "ttft_b1", "decode_step", "prefill_throughput")
+ENGINE_PARAMS = [("layer_fixed_s", 8e-6, 1e-7, 1e-4), ("layer_fixed_moe_s", 45e-6, 1e-7, 5e-4),
+                 ("engine_kv_half_units", 8.0, 0.1, 500.0), ("cpu_base_s", 1.2e-3, 3e-4, 1e-2)]
+
+
+def analytic_row(analytic, row: Measurement) -> float:
+    """An engine row predicted from the analytic model directly (vectorised over the decode
+    steps; the table predictor agrees within its interpolation error): for fitting only."""
+    from lmsim.profile.measurements import DEFAULT_BUDGET, SECONDS, prefill_steps
+
+    def prefill(prompt: int, budget: int) -> float:
+        return sum(analytic.step_time([(min(budget, prompt - d), d)], 0, 0) for d in range(0, prompt, budget))
+
+    def decodes(prompt: int, output: int) -> float:
+        if output <= 1:
+            return 0.0
+        ctx = prompt + 1 + np.arange(output - 1, dtype=float)
+        one = analytic.step_time((), 1, prompt + 1) - float(analytic.decode_attention(1, prompt + 1))
+        return float(np.sum(one + analytic.decode_attention(np.ones_like(ctx), ctx)))
+
+    budget = row.get("chunk_tokens", DEFAULT_BUDGET) or DEFAULT_BUDGET
+    if row.kind == "e2e_b1":
+        s = prefill(row.get("input_tokens"), budget) + decodes(row.get("input_tokens"), row.get("output_tokens"))
+        return s / SECONDS[row.unit]
+    if row.kind == "ttft_b1":
+        return prefill(row.get("input_tokens"), budget) / SECONDS[row.unit]
+    if row.kind == "tpot_b1":
+        out = row.get("output_tokens")
+        tpot = decodes(row.get("input_tokens"), out) / max(out - 1, 1)
+        return 1.0 / tpot if row.unit == "tok/s" else tpot / SECONDS[row.unit]
+    if row.kind == "decode_step":
+        b, c = row.get("batch"), row.get("context_tokens")
+        step = analytic.step_time((), b, b * c)
+        return b / step if row.unit == "tok/s" else step / SECONDS[row.unit]
+    b, prompt = row.get("batch"), row.get("input_tokens")
+    steps = prefill_steps(b, prompt, row.get("chunk_tokens", b * prompt))
+    return b * prompt / sum(analytic.step_time(chunks, 0, 0) for chunks in steps)
+
+
+def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
+               params: Sequence[tuple] = tuple(ENGINE_PARAMS)) -> tuple[dict, float]:
+    """The engine constants shared by every GPU, fitted on the engine rows (fit split) with
+    each GPU's kernel constants fixed. A parameter given as (name, init, lo, hi, gpu) is fitted
+    for that GPU alone (a BF16 kernel group the GPU has no kernel rows for)."""
+    from lmsim.profile.analytic import AnalyticModel
+    from lmsim.profile.hardware import load_model, shard
+
+    fit_rows = [r for r in rows if r.split == "fit" and r.kind in ENGINE_KINDS and r.gpu in kernel_eff]
+    specs = {}
+    usable = []
+    for r in fit_rows:
+        try:
+            specs[(r.model, r.tp)] = shard(load_model(r.model), r.tp)
+            usable.append(r)
+        except Exception:
+            continue
+    lo = np.log([p[2] for p in params])
+    hi = np.log([p[3] for p in params])
+
+    def values(x: np.ndarray) -> dict[tuple[str, str | None], float]:
+        return {(p[0], p[4] if len(p) > 4 else None): float(v)
+                for p, v in zip(params, np.exp(np.clip(x, lo, hi)))}
+
+    def errors(x: np.ndarray) -> np.ndarray:
+        vals = values(x)
+        out = []
+        for r in usable:
+            mine = {k: v for (k, g), v in vals.items() if g in (None, r.gpu)}
+            eff = replace(kernel_eff[r.gpu], **mine)
+            model = AnalyticModel(_gpu(r.gpu), specs[(r.model, r.tp)], eff)
+            out.append(math.log(analytic_row(model, r) / r.measured))
+        return np.array(out)
+
+    def cost(x: np.ndarray) -> float:
+        return robust_loss(errors(x))
+
+    def start(p: tuple) -> float:
+        eff = kernel_eff[p[4]] if len(p) > 4 else next(iter(kernel_eff.values()))
+        return getattr(eff, p[0]) or p[1]
+
+    x = np.log([start(p) for p in params])
+    for _ in range(2):
+        x = nelder_mead(cost, x, iters=300)
+    return values(x), float(np.sqrt(np.mean(errors(x) ** 2)))
+
+
+# -- the whole calibration ----------------------------------------------------------------
+GPUS = ("h20", "h100", "h200", "h800", "a100", "l40s")
+
+
+def base_efficiency(smooth: bool) -> Efficiency:
+    """The starting point: costmodel.md's H20 constants in the scalar form. A group a GPU has
+    neither kernel rows nor a donor for keeps these (H20's MoE: costmodel.md 3.2(3), calibrated
+    on H20 engine measurements, as mfu(r) = 0.8 r / (r + 12.4): 0.45 at 16 rows, 0.67 at 64)."""
+    return Efficiency(
+        gemm_mfu=0.8, moe_mfu=0.8, moe_half_rows=12.4, attn_mfu=0.7, attn_half_kv=500.0,
+        roofline_n=2.0 if smooth else None, gemm_launch_s=3e-6, prefill_chunk_s=5e-6,
+        engine_kv_half_units=8.0,
+    )
+
+
+def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table: bool = False) -> dict[str, Any]:
+    """Kernel groups per GPU, then the engine constants: each GPU's fitted `efficiency` mapping
+    and a record of what every value was fitted on."""
+    base = base_efficiency(smooth)
+    fits = calibrate(rows, GPUS, smooth=smooth, base=base, kv_table=kv_table)
+    effs: dict[str, Efficiency] = {}
+    record: dict[str, dict[str, Any]] = {}
+    for gpu in GPUS:
+        values: dict[str, float] = {}
+        rec: dict[str, Any] = {}
+        for group, f in fits[gpu].items():
+            values.update({k: (v if isinstance(v, tuple) else float(v)) for k, v in f.values.items()})
+            rec[group] = {"fit_rows": f.rows, "rms_log_ratio": round(f.rms_log, 4)}
+            if f.borrowed_from:
+                rec[group] = {"borrowed_from": f.borrowed_from}
+        effs[gpu] = replace(base, **values)
+        record[gpu] = rec
+    engine_gpus = sorted({r.gpu for r in rows if r.kind in ENGINE_KINDS and r.split == "fit"} & set(GPUS))
+    params: list[tuple] = list(ENGINE_PARAMS)
+    for gpu in engine_gpus:
+        for group, group_params in ENGINE_FITTED_GROUPS.items():
+            if group not in fits[gpu]:
+                params += [(*p, gpu) for p in group_params]
+    vals, rms = fit_engine(rows, {g: effs[g] for g in engine_gpus}, params)
+    for (name, scope), v in vals.items():
+        for gpu in GPUS:
+            if scope in (None, gpu):
+                effs[gpu] = replace(effs[gpu], **{name: v})
+                if scope is not None:
+                    record[gpu].setdefault("engine_fitted", []).append(name)
+    for gpu in GPUS:
+        record[gpu]["engine"] = {"fitted_on": f"end-to-end rows of {', '.join(engine_gpus)}",
+                                 "rms_log_ratio": round(rms, 4)}
+    return {"efficiency": effs, "record": record}
+
+
+MARKER = "# -- fitted by `lmsim profile calibrate`; do not edit by hand --"
+
+
+def efficiency_mapping(eff: Efficiency) -> dict[str, Any]:
+    """The fields that differ from the dataclass defaults, rounded to 4 significant digits."""
+    default = Efficiency().as_mapping()
+    out = {}
+    def rounded(v: Any) -> Any:
+        if isinstance(v, list):
+            return [rounded(x) for x in v]
+        return float(f"{v:.4g}") if isinstance(v, float) else v
+
+    for k, v in eff.as_mapping().items():
+        if v != default[k]:
+            out[k] = v if k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context") else rounded(v)
+    return out
+
+
+def write_gpu_efficiency(gpu: str, eff: Efficiency, record: dict[str, Any], note: str) -> Path:
+    """Replace the fitted block at the end of the GPU's YAML (everything after MARKER)."""
+    import yaml
+
+    from lmsim.outputs import write_text
+    from lmsim.profile.hardware import GPUS_DIR
+
+    path = GPUS_DIR / f"{gpu}.yaml"
+    text = path.read_text()
+    head = text.split(MARKER)[0].rstrip("\n") + "\n"
+    block = yaml.safe_dump({"efficiency": efficiency_mapping(eff),
+                            "calibration": {"note": note, **record}},
+                           sort_keys=False, width=100, default_flow_style=False)
+    write_text(path, f"{head}{MARKER}\n{block}")
+    return path

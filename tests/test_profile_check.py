@@ -1,0 +1,184 @@
+"""`lmsim profile check`, `profile new` and `profile predict` (issue 23): mechanics on a small
+fixture table, hand-checkable numbers, every named model on every named GPU, and the shipped
+check against the issue's bar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from lmsim.cli import main
+from lmsim.cli.profile import build_new, predict_answer, run_check
+from lmsim.errors import ProfileError
+from lmsim.profile.analytic import end_to_end_seconds, prefill_seconds
+from lmsim.profile.hardware import load_model, shard
+from lmsim.profile.measurements import default_table, read_measurements, split_of
+from lmsim.profile.tables import TableCostModel, load_table_profile, validate_profile
+
+FIXTURE = Path(__file__).parent / "fixtures" / "measurements_small.csv"
+
+
+def test_split_is_a_pure_function_of_the_id():
+    # sha256(id)[0] % 3 == 0 -> check: pinned so the rule cannot drift.
+    assert split_of("fx-h100-gemm-4096") == "check"
+    assert split_of("h20-qwen3-30b-a3b-sglang-e2e-in1") == "fit"
+    assert [r.split for r in read_measurements(FIXTURE)] == ["check", "fit", "fit", "check", "check"]
+
+
+def test_check_predicts_each_row_the_way_its_kind_says():
+    preds, summary = run_check([], FIXTURE)
+    by_id = {p.row.id: p for p in preds}
+    # GEMM 4096^3 on H100 (gpus/h100.yaml: gemm_mfu 0.793, weight_stream_eff 0.7754, n 2.34,
+    # launch 1.425 us): compute 2 x 4096^3 / (989e12 x 0.793) = 175.25 us, weights
+    # 2 x 4096^2 / (3.35e12 x 0.7754) = 12.92 us, (175.25^2.34 + 12.92^2.34)^(1/2.34) = 175.43,
+    # + 1.425 = 176.85 us.
+    compute, weights = 2 * 4096**3 / (989e12 * 0.793) * 1e6, 2 * 4096**2 / (3.35e12 * 0.7754) * 1e6
+    n = 2.34
+    hand = (compute**n + weights**n) ** (1 / n) + 1.425
+    assert by_id["fx-h100-gemm-4096"].predicted == pytest.approx(hand, rel=2e-3)
+    assert by_id["fx-h100-gemm-4096"].ratio == pytest.approx(hand / 200, rel=2e-3)
+    # An end-to-end row goes through the shipped table profile, as the simulator prices it.
+    e2e = by_id["h20-qwen3-30b-a3b-sglang-e2e-in1"]
+    assert e2e.profile == "h20/qwen3-30b-a3b"
+    assert e2e.predicted == pytest.approx(end_to_end_seconds(load_table_profile("h20/qwen3-30b-a3b"), 1, 2048))
+    # No shipped A100 Qwen3-4B: built as `profile new` would, then priced through its tables.
+    built = by_id["fx-a100-qwen3-4b-decode-b8"]
+    assert built.profile == "a100/qwen3-4b (built)"
+    data, _ = build_new("qwen3-4b", "a100")
+    assert built.predicted == pytest.approx(TableCostModel(data).step_time((), 8, 8 * 4096) * 1e3)
+    # A row lmsim cannot describe is reported, not dropped and not fatal.
+    assert by_id["fx-unknown-model"].predicted is None
+    assert "unknown model 'foo-9b'" in by_id["fx-unknown-model"].profile
+    assert summary["all"]["rows"] == 5 and summary["all"]["answered"] == 4
+    assert summary["fit"]["answered"] + summary["check"]["answered"] == 4
+    assert summary["all"]["worst_id"] == "fx-a100-qwen3-4b-decode-b8"
+
+
+def test_check_with_a_profile_answers_only_its_rows(tmp_path, capsys):
+    preds, _ = run_check(["h20/qwen3-30b-a3b"], FIXTURE)
+    assert sorted(p.row.id for p in preds) == [
+        "h20-infersim-decode-attn-32-4-128-b1-kv131072", "h20-qwen3-30b-a3b-sglang-e2e-in1"]
+    assert main(["profile", "check", "h20/qwen3-30b-a3b", "--measurements", str(FIXTURE), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["id"] for r in out["rows"]} == {p.row.id for p in preds}
+    assert out["summary"]["all"]["answered"] == 2
+    assert main(["profile", "check", "--measurements", str(FIXTURE)]) == 0
+    text = capsys.readouterr().out
+    assert "fit: 2 rows" in text and "check: 2 rows" in text and "all: 4 rows" in text
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h20", "h800"])
+@pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen3-4b", "llama-3-8b", "qwen3-30b-a3b"])
+def test_profile_new_and_predict_for_the_issue_models_and_gpus(gpu, model):
+    data, _ = build_new(model, gpu)
+    table = TableCostModel(data)
+    args = argparse.Namespace(prefill=None, decode_batch=None, request=[2048, 256], context=0, budget=8192)
+    answer = predict_answer(table, args)
+    assert 0 < answer["ttft_s"] < answer["e2e_s"] < 60
+    assert answer["e2e_s"] == pytest.approx(answer["ttft_s"] + 255 * answer["tpot_mean_s"])
+    assert table.num_kv_blocks(16, 0.9) > 0
+    assert data.meta["provenance"]["inputs"]["model"] == model
+
+
+def test_profile_new_writes_a_valid_profile_and_predict_reads_it(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["profile", "new", "--model", "qwen3-4b", "--gpu", "a100", "--out", str(out), "--no-plot"]) == 0
+    assert validate_profile(out) == []
+    meta = load_table_profile(out).data.meta
+    # Qwen3-4B: 36 layers x (q 2560x4096 + kv 2x2560x1024 + o 4096x2560 + mlp 3x2560x9728 +
+    # 2 norms + 2 QK norms x 128) + tied embedding 151936 x 2560 + final norm = 4,022,468,096
+    # parameters, 2 B each; KV 2 x 36 x 8 x 128 x 2 = 147,456 B/token.
+    assert meta["model"]["weight_bytes"] == 2 * 4_022_468_096
+    assert meta["model"]["kv_bytes_per_token"] == 147_456
+    capsys.readouterr()
+    assert main(["profile", "predict", str(out), "--decode-batch", "4", "--context", "1000"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    model = load_table_profile(out)
+    assert answer["step_s"] == model.step_time((), 4, 4000)
+    assert set(answer["components"]) == {"fixed", "tokens", "seqs", "decode_attention", "prefill_attention"}
+
+
+def test_predict_answers_by_hand_on_the_shipped_h20_profile(capsys):
+    # test_profile_calibration.test_qwen2_decode_step_by_hand: 11.80 ms.
+    assert main(["profile", "predict", "h20/qwen2-7b", "--decode-batch", "1", "--context", "1024"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_s"] * 1e3 == pytest.approx(11.80, rel=2e-3)
+    assert main(["profile", "predict", "h20/qwen2-7b", "--request", "1000", "100"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    model = load_table_profile("h20/qwen2-7b")
+    assert answer["ttft_s"] == prefill_seconds(model, 1000)
+    assert answer["e2e_s"] == pytest.approx(end_to_end_seconds(model, 1000, 100))
+    assert main(["profile", "predict", "h20/qwen2-7b", "--prefill", "2048", "--context", "4096"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_s"] == model.step_time([(2048, 4096)], 0, 0)
+    # an unshipped <gpu>/<model> name is built on the fly
+    assert main(["profile", "predict", "l40s/qwen3-8b", "--decode-batch", "2", "--context", "10"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"] == "<built by profile new>"
+
+
+def test_config_json_dense_moe_and_tensor_parallel(tmp_path):
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+           "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 100,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = load_model(path)
+    # per layer: q 64x64 + kv 2x64x32 + o 64x64 + 2 QK norms x 16 + 2 norms x 64 + router 64x8
+    # + 8 experts x 3 x 64 x 32; then 2 embeddings 100 x 64 and the final norm.
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 32 + 128 + 64 * 8 + 8 * 3 * 64 * 32
+    assert m.weight_bytes == 2 * (2 * per_layer + 2 * 100 * 64 + 64)
+    assert (m.experts, m.experts_per_token, m.moe_intermediate_size, m.intermediate_size) == (8, 2, 32, 0)
+    rank = shard(m, 2)
+    assert (rank.attention_heads, rank.kv_heads, rank.moe_intermediate_size, rank.vocab_size) == (2, 1, 16, 50)
+    with pytest.raises(ProfileError, match="divide the 4 attention heads"):
+        shard(m, 3)
+    del cfg["num_hidden_layers"]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ProfileError, match=r"config\.json: missing field 'num_hidden_layers'"):
+        load_model(path)
+
+
+def test_tensor_parallel_prices_the_all_reduce():
+    """Two all-reduces per layer of T x hidden x 2 B: at TP 2 on H800 (200 GB/s per direction,
+    achieved 0.7, latency 10 us) 8192 tokens of Llama-3-8B move 8192 x 4096 x 2 = 67.1 MB per
+    all-reduce: 10 us + 2 x 1/2 x 67.1e6 / 140e9 = 489.3 us; x 64 = 31.3 ms."""
+    one = build_new("llama-3-8b", "h800", 2)[1]
+    comm = float(one.dense(8192)) - float(one.kernels.gemm(8192, one.model.layers * one.model.dense_params_per_layer,
+                                                           launches=4 * one.model.layers))
+    assert comm * 1e3 == pytest.approx(64 * (10e-6 + 67.108864e6 / 140e9) * 1e3, rel=1e-6)
+
+
+SHIPPED_TABLE = default_table()
+
+
+def _shipped_summary():
+    preds, summary = run_check([], SHIPPED_TABLE)
+    long_h20 = [p for p in preds if p.row.gpu == "h20" and p.row.kind == "e2e_b1"
+                and (p.row.get("input_tokens") or 0) >= 30_000 and p.ratio is not None]
+    return summary, long_h20
+
+
+@pytest.mark.skipif(not SHIPPED_TABLE.is_file(), reason="no measurement table shipped in this checkout")
+def test_shipped_check_does_not_regress():
+    """The level the shipped form reached when it was fitted (profiles/README.md); a change
+    that loses ground fails here."""
+    summary, long_h20 = _shipped_summary()
+    s = summary["all"]
+    assert s["answered"] >= 0.95 * s["rows"]
+    assert s["share_within_10pct"] >= 0.69  # 373 of 533 when fitted
+    assert summary["check"]["share_within_10pct"] >= 0.66  # 123 of 184
+    assert sum(abs(p.ratio - 1) <= 0.10 for p in long_h20) >= 0.75 * len(long_h20)  # 15 of 20
+    assert all(math.isfinite(p.ratio) for p in long_h20)
+
+
+@pytest.mark.skipif(not SHIPPED_TABLE.is_file(), reason="no measurement table shipped in this checkout")
+@pytest.mark.xfail(reason="issue 23's bar is not met yet: see profiles/README.md, 'Checking against "
+                          "public measurements'", strict=False)
+def test_shipped_check_meets_the_issue_bar():
+    summary, long_h20 = _shipped_summary()
+    assert summary["all"]["share_within_10pct"] >= 0.85
+    assert summary["all"]["beyond_25pct"] == 0
+    assert all(abs(p.ratio - 1) <= 0.10 for p in long_h20)
