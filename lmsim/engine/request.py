@@ -35,10 +35,10 @@ class Request:
 
     `block_hashes` are the engine-block (16-token) content hashes of the prompt's full blocks
     that the trace identifies, in order; see `lmsim.engine.kv_cache.engine_block_hashes`.
-    `kv_hashes` (engine only) continues them over the output: the hashes of every full block
-    of prompt + output - 1 tokens that the request's continuation names (see
-    `lmsim.workload.trace.continuation_rows`); it is `block_hashes` when nothing continues
-    the request.
+    `kv_hashes` (engine only) names every full block of prompt + output - 1 tokens: the
+    trace's ids, then those of the request's continuation (see
+    `lmsim.workload.trace.continuation_rows`), then synthetic names unique to the request
+    (`lmsim.engine.block_names`); without generated-block caching, the prompt's full blocks.
     """
 
     request_id: int

@@ -25,7 +25,8 @@ after its prompt, and the row that continues it (`continuation_rows`) names thos
 positions' blocks with its own ids. So a generator or converter that re-sends a turn's
 answer in the next turn must give the next turn ids that begin with the turn's full-block
 ids and then name the answer's blocks; a row that merely shares a prefix must not look
-like a continuation (single-turn rows carry their own `session_id`).
+like a continuation (single-turn rows carry their own `session_id`). Blocks no row names
+get a synthetic name of their own in the engine (`lmsim.engine.block_names`).
 A row whose `after_id` is -1 arrives at `arrival_s`; otherwise `arrival_s` is only its
 open-loop estimate, and the simulator releases it `delay_s` after `after_id` finishes.
 Rows are in arrival order; ties keep file order.
