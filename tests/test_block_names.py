@@ -94,3 +94,35 @@ def test_a_preempted_request_resumes_with_its_own_unnamed_output_cached():
     assert list(req.num_preemptions) == [0, 1]
     assert req.lookup_tokens.iloc[1] == 64 + 81
     assert req.lookup_hit_tokens.iloc[1] == 0 + 80
+
+
+def test_without_generated_block_caching_output_blocks_are_never_cache_entries():
+    # The scenario of test_a_finished_requests_output_blocks_age_in_the_lru_queue with
+    # cluster.cache_generated_blocks off: only prompt blocks are entries, so the queue
+    # holds B's [8, 7] then A's [2, 1], and A's two output blocks join the 14 plain ones.
+    trace = make_trace([0.0, 0.1], [32, 32], [40, 2], [[1, 2], [7, 8]], session_id=[0, 1])
+    config = make_config(cluster={"num_gpu_blocks": 20, "cache_generated_blocks": False})
+    sim = Simulation(config, trace)
+    sim.run()
+    cache = sim.instances[0].scheduler.cache
+    assert cache.free_queue() == [8, 7, 2, 1]
+    assert cache.num_plain_free == 16
+
+
+def test_without_generated_block_caching_a_follow_up_hits_only_the_prompt():
+    # test_engine_fidelity's follow-up turn: request 1 re-sends request 0's 64-token prompt
+    # and its answer (ids 5, 6 name request 0's output blocks). With generated blocks
+    # cached it hits 96 tokens; without, only the 64 of the prompt, and the preempted
+    # request of the resume scenario hits its prompt only (64, not 80).
+    follow = make_trace(
+        [0.0, 10.0], [64, 144], [48, 2], [[1, 2, 3, 4], list(range(1, 10))], parent_id=[-1, 0]
+    )
+    assert list(simulate(follow).requests.cached_tokens) == [0, 96]
+    off = {"cache_generated_blocks": False}
+    assert list(simulate(follow, cluster=off).requests.cached_tokens) == [0, 64]
+    resume = make_trace(
+        [0.0, 0.0], [64, 64], [30, 60], [[1, 2, 3, 4], [11, 12, 13, 14]], session_id=[0, 1]
+    )
+    req = simulate(resume, cluster={"num_gpu_blocks": 11, **off}).requests
+    assert list(req.num_preemptions) == [0, 1]
+    assert req.lookup_hit_tokens.iloc[1] == 64

@@ -117,8 +117,11 @@ class Simulation:
         for row in np.flatnonzero(after >= 0).tolist():
             self._children.setdefault(int(after[row]), []).append(row)
         self._delay = trace.column("delay_s")
-        # every full block a request fills gets a name (generated tokens are cached)
-        self.block_names = BlockNames(trace, cfg.block_size, prefix_caching=cfg.enable_prefix_caching)
+        # the content names of every full block a request fills
+        self.block_names = BlockNames(
+            trace, cfg.block_size, prefix_caching=cfg.enable_prefix_caching,
+            cache_generated_blocks=cfg.cache_generated_blocks,
+        )
         self._session_id = trace.column("session_id")
         self._parent_id = trace.column("parent_id")
         self._class_id = trace.column("class_id")
