@@ -37,20 +37,20 @@ def test_names_cover_prompt_and_output_with_unique_synthetic_names():
     )
     names = BlockNames(trace, 16)
     assert (names.base, names.stride) == (160, 63)
-    prompt, kv = names.names(0, trace.hash_ids(0), 600, 40)
+    prompt, kv, shared = names.names(0, trace.hash_ids(0), 600, 40)
     assert prompt == [*range(96, 128), *range(128, 133)]
-    assert kv == [*prompt, 160 + 37, 160 + 38]
+    assert kv == [*prompt, 160 + 37, 160 + 38] and shared == 37
     # The same prompt in another request: its own output blocks, never row 0's.
-    prompt1, kv1 = names.names(1, trace.hash_ids(1), 600, 40)
+    prompt1, kv1, _ = names.names(1, trace.hash_ids(1), 600, 40)
     assert prompt1 == prompt and kv1[37:] == [160 + 63 + 37, 160 + 63 + 38]
     # A compact (int32) trace names every block the same.
     compact = trace.compact()
     assert compact.hash_values.dtype == np.int32
     widened = compact.hash_ids(1).astype(np.int64)
-    assert BlockNames(compact, 16).names(1, widened, 600, 40) == (prompt1, kv1)
+    assert BlockNames(compact, 16).names(1, widened, 600, 40) == (prompt1, kv1, 37)
     # Without generated-block caching only the prompt's 37 full blocks are named.
     assert BlockNames(trace, 16, cache_generated_blocks=False).names(0, trace.hash_ids(0), 600, 40) == (
-        prompt, prompt
+        prompt, prompt, 37
     )
 
 
@@ -58,7 +58,7 @@ def test_unidentified_prompt_blocks_get_synthetic_names_but_routers_see_only_the
     # A 40-token prompt with no ids: 40 + 10 - 1 = 49 tokens, 3 full blocks, all synthetic
     # (base 0, stride 3); what a router sees (block_hashes) stays empty.
     trace = make_trace([0], [40], [10])
-    assert BlockNames(trace, 16).names(0, trace.hash_ids(0), 40, 10) == ([], [0, 1, 2])
+    assert BlockNames(trace, 16).names(0, trace.hash_ids(0), 40, 10) == ([], [0, 1, 2], 0)
 
 
 def test_a_finished_requests_output_blocks_age_in_the_lru_queue():

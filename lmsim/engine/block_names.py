@@ -29,6 +29,8 @@ in every run of the same trace.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from lmsim.engine.kv_cache import engine_block_hashes
@@ -48,6 +50,17 @@ def first_unnamed_key(max_trace_id: int, trace_block_size: int, block_size: int)
     if trace_block_size > block_size and trace_block_size % block_size == 0:
         return (max_trace_id + 1) * (trace_block_size // block_size)
     return max_trace_id + 1
+
+
+class RequestNames(NamedTuple):
+    """One request's block names: `prompt`, the prompt's full blocks the trace identifies
+    (what a router sees, `Request.block_hashes`); `kv`, every full block the engine fills
+    (`Request.kv_hashes`); `shared`, how many leading `kv` names come from the trace or the
+    continuation (blocks another request may hit); the rest are synthetic."""
+
+    prompt: list[int]
+    kv: list[int]
+    shared: int
 
 
 class BlockNames:
@@ -90,17 +103,15 @@ class BlockNames:
         start = self.base + row * self.stride
         return list(range(start + first, start + last))
 
-    def names(self, row: int, ids: np.ndarray, input_tokens: int, output_tokens: int) -> tuple[list[int], list[int]]:
-        """(prompt, kv) for `row` with trace ids `ids` (int64) generating `output_tokens`:
-        `prompt` the names of the prompt's full blocks the trace identifies (what a router
-        sees, `Request.block_hashes`), `kv` the names of every full block the engine fills
-        (`Request.kv_hashes`): prompt + output - 1 tokens (the last sampled token never gets
-        KV), or only the prompt's full blocks without generated-block caching."""
+    def names(self, row: int, ids: np.ndarray, input_tokens: int, output_tokens: int) -> RequestNames:
+        """The names of `row` with trace ids `ids` (int64) generating `output_tokens`: `kv`
+        covers prompt + output - 1 tokens (the last sampled token never gets KV), or only
+        the prompt's full blocks without generated-block caching."""
         bs = self.block_size
         trace = self.trace
         prompt = engine_block_hashes(ids, trace.block_size, input_tokens, bs)
         if not self.prefix_caching:
-            return prompt, prompt
+            return RequestNames(prompt, prompt, len(prompt))
         kv = prompt
         cont = int(self.continuation[row])
         if cont >= 0:
@@ -113,6 +124,7 @@ class BlockNames:
             filled = (input_tokens + output_tokens - 1) // bs
         else:
             filled = input_tokens // bs
-        if len(kv) < filled:
-            kv = kv + self.synthetic(row, len(kv), filled)
-        return prompt, kv
+        shared = len(kv)
+        if shared < filled:
+            kv = kv + self.synthetic(row, shared, filled)
+        return RequestNames(prompt, kv, shared)

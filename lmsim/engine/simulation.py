@@ -263,14 +263,15 @@ class Simulation:
         clipped = limit is not None and input_tokens < limit < input_tokens + output_tokens
         if clipped:
             output_tokens = limit - input_tokens
-        prompt, kv = self.block_names.names(row, ids, input_tokens, output_tokens)
+        names = self.block_names.names(row, ids, input_tokens, output_tokens)
         request = Request(
             request_id=row,
             arrived_at=now,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            block_hashes=prompt,
-            kv_hashes=kv,
+            block_hashes=names.prompt,
+            kv_hashes=names.kv,
+            num_shared_blocks=names.shared,
             trace_hash_ids=ids,
             session_id=int(self._session_id[row]),
             parent_id=int(self._parent_id[row]),
