@@ -584,7 +584,8 @@ def _decrement(counts: dict[int, int], keys: list[int]) -> None:
     old = list(map(counts.__getitem__, keys))
     dict.update(counts, zip(keys, map(_minus_one, old)))
     if 1 in old:
-        _consume(map(counts.__delitem__, compress(keys, map(_is_one, old))))
+        # dict's own __delitem__: Counter's is a Python method (a call per key)
+        _consume(map(dict.__delitem__, repeat(counts), compress(keys, map(_is_one, old))))
 
 
 def _consume(iterator: Iterator[object]) -> None:
