@@ -93,6 +93,13 @@ class ClusterConfig(_Strict):
     max_num_seqs: int = Field(1024, gt=0)
     long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap")
     enable_prefix_caching: bool = True
+    cache_generated_blocks: bool = Field(
+        True,
+        description="full blocks holding generated tokens become prefix-cache entries, as in "
+        "vLLM (a follow-up turn hits its predecessor's answer); false: only prompt blocks are "
+        "cached, for side-by-side checks with simulators that share no generated block "
+        "(Dynamo's mocker)",
+    )
     admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] = Field(
         "first_chunk",
         description="when a waiting request may start: its first chunk fits (vLLM v1 to "

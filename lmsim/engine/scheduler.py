@@ -383,18 +383,39 @@ class InstanceScheduler:
         self._alloc_through = end
 
     def _cache_filled_block(self, request: Request, st: int) -> None:
-        """A decoding request's KV fills block j at step st: make it a cache entry."""
+        """A decoding request's KV fills block j at step st: make it a cache entry (only
+        blocks others may hit; `_cache_private_blocks` caches the rest at release)."""
         j = (request.input_tokens + st - request.decode_base) // self.block_size - 1
-        hashes = request.kv_hashes
-        if j >= len(hashes) or j < request.num_cached_blocks:
+        shared = request.num_shared_blocks
+        if j >= shared or j < request.num_cached_blocks:
             return
         keys = request.block_keys
         if j == len(keys):
             keys.append(ANON)
-        self.cache.register_one(hashes, keys, j)
+        self.cache.register_one(request.kv_hashes, keys, j)
         request.num_cached_blocks = j + 1
-        if j + 1 >= len(hashes):
+        if j + 1 >= shared:
             self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
+
+    def _cache_private_blocks(self, request: Request) -> None:
+        """Before a decoding request releases its blocks: make the filled blocks that only
+        it can hit (synthetic names, past `num_shared_blocks`) cache entries, in one run.
+
+        Registering them step by step as decodes fill them (as vLLM does) gives the same
+        cache: while the request holds them they are in use, so no allocation evicts them,
+        and no other request looks them up; only the KV events of those blocks come at the
+        release instead. One C-level run instead of a Python call per block: on chatbot
+        traffic two thirds of the filled output blocks have no follow-up turn naming them."""
+        filled = (request.input_tokens + self._alloc_through - 1 - request.decode_base) // self.block_size
+        filled = min(filled, len(request.kv_hashes))
+        first = request.num_cached_blocks
+        if filled <= first:
+            return
+        keys = request.block_keys
+        if len(keys) < filled:
+            keys.extend([ANON] * (filled - len(keys)))
+        self.cache.register_range(request.kv_hashes, keys, first, filled)
+        request.num_cached_blocks = filled
 
     def _admission_blocked(self, budget_left: int) -> bool:
         """Would the head of the waiting queue fail to be admitted this step? (A head that
@@ -684,7 +705,7 @@ class InstanceScheduler:
         request.decoding = True
         request.decode_base = base
         self._phase[(base + 1 - request.input_tokens) % self.block_size] += 1
-        if len(request.kv_hashes) > request.num_cached_blocks and self.enable_prefix_caching:
+        if request.num_shared_blocks > request.num_cached_blocks and self.enable_prefix_caching:
             self._fills[(base - request.input_tokens) % self.block_size][request] = None
         self.num_decoding += 1
         self._dec_sum_input += request.input_tokens
@@ -724,6 +745,8 @@ class InstanceScheduler:
         return len(request.block_keys)
 
     def _release(self, request: Request) -> None:
+        if request.decoding and self.enable_prefix_caching:
+            self._cache_private_blocks(request)
         held = self._blocks_held(request)
         self.cache.release(request.block_keys, held - len(request.block_keys))
         request.block_keys = []

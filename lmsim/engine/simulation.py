@@ -16,9 +16,10 @@ import numpy as np
 import simpy
 
 from lmsim.config import ExperimentConfig
+from lmsim.engine.block_names import BlockNames
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.instance import Instance, materialize_all
-from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
 from lmsim.engine.metrics import (
     EXCEEDS_KV_CACHE,
     PROMPT_TOO_LONG,
@@ -33,7 +34,7 @@ from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
 from lmsim.profile import StepCostModel, load_cost_model
-from lmsim.workload.trace import Trace, continuation_rows, continued_ids
+from lmsim.workload.trace import Trace
 
 PROGRESS_EVERY = 256  # arrivals between progress callbacks
 
@@ -127,9 +128,10 @@ class Simulation:
         for row in np.flatnonzero(after >= 0).tolist():
             self._children.setdefault(int(after[row]), []).append(row)
         self._delay = trace.column("delay_s")
-        # whose prompt names each row's output blocks (generated tokens are cached)
-        self._continuation = (
-            continuation_rows(trace) if cfg.enable_prefix_caching else np.full(len(trace), -1)
+        # the content names of every full block a request fills
+        self.block_names = BlockNames(
+            trace, cfg.block_size, prefix_caching=cfg.enable_prefix_caching,
+            cache_generated_blocks=cfg.cache_generated_blocks,
         )
         self._session_id = trace.column("session_id")
         self._parent_id = trace.column("parent_id")
@@ -288,31 +290,21 @@ class Simulation:
         ids = trace.hash_ids(row)
         if ids.dtype != np.int64:  # a compact trace (Trace.compact): the engine keys on int64
             ids = ids.astype(np.int64)
-        bs = self.config.cluster.block_size
         input_tokens = int(trace.input_tokens[row])
         output_tokens = int(trace.output_tokens[row])
         limit = self.max_model_len
         clipped = limit is not None and input_tokens < limit < input_tokens + output_tokens
         if clipped:
             output_tokens = limit - input_tokens
-        prompt = engine_block_hashes(ids, trace.block_size, input_tokens, bs)
-        kv = prompt
-        cont = int(self._continuation[row])
-        if cont >= 0:
-            # Every full block of prompt + output - 1 tokens (the last sampled token never
-            # gets KV), named by the continuation where the prompt ends.
-            full = engine_block_hashes(
-                continued_ids(trace, row, cont), trace.block_size, input_tokens + output_tokens - 1, bs
-            )
-            if len(full) > input_tokens // bs:
-                prompt, kv = full[: input_tokens // bs], full
+        names = self.block_names.names(row, ids, input_tokens, output_tokens)
         request = Request(
             request_id=row,
             arrived_at=now,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            block_hashes=prompt,
-            kv_hashes=kv,
+            block_hashes=names.prompt,
+            kv_hashes=names.kv,
+            num_shared_blocks=names.shared,
             trace_hash_ids=ids,
             session_id=int(self._session_id[row]),
             parent_id=int(self._parent_id[row]),

@@ -92,12 +92,13 @@ class Dynamo(Policy):
     decode_active_request_weight = 0, temperature 0; ties go to a uniformly random minimum
     (reservoir sampling over the workers). With those defaults it is the formula above.
     Parity (first 40 min of the Kimi conversation trace, 16 workers x 17,500 blocks of 16,
-    8,192 batched tokens; token-weighted prefix hit): Dynamo's offline replay 0.146 (round
-    robin 0.054); lmsim `dynamo` 0.157 / 0.157 / 0.147 over seeds 0-2 (mean 0.154; round
-    robin 0.054) on `h100/qwen2-7b`, whose step times are close to Dynamo's mocker (mean
-    TTFT 0.26 vs 0.24 s, TPOT 7.8 vs 8.6 ms). The hit ratio depends on load: on the slower
-    `h20/qwen3-30b-a3b` profile the same trace gives 0.128, because longer-lived requests
-    hold more active blocks and push requests away from their cache.
+    8,192 batched tokens; token-weighted prefix hit; `benchmarks/against_dynamo.py
+    --outputs`): Dynamo's offline replay 0.150 (round robin 0.054); lmsim `dynamo` 0.155 /
+    0.160 / 0.151 over seeds 0-2 (mean 0.155; round robin 0.054) on `h100/qwen2-7b`, whose
+    step times are close to Dynamo's mocker (mean TTFT 0.27 vs 0.24 s, TPOT 7.8 vs 8.5 ms).
+    The hit ratio depends on load: on the slower `h20/qwen3-30b-a3b` profile the same trace
+    gives 0.131 (seed 0), because longer-lived requests hold more active blocks and push
+    requests away from their cache.
 
     Router-local state (exact at dispatch, as in Dynamo's `ActiveSequences`):
       * active_prefill_tokens_w: uncached prompt tokens of requests routed to w, released at

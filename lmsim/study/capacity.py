@@ -175,6 +175,9 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
     return {"trace_sha256": digest.hexdigest()}
 
 
+_KEYED_WHEN_CHANGED = {"cache_generated_blocks": True}
+
+
 def key_payload(
     workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch
 ) -> dict[str, Any]:
@@ -184,6 +187,11 @@ def key_payload(
     cluster = {k: v for k, v in config.cluster.model_dump(mode="json").items() if v is not None}
     cluster.pop("max_waiting", None)  # the probe replays without a queue cap
     cluster.pop("profile", None)
+    # Fields added after capacities were shipped count only when moved off their default,
+    # so the keys stored with the shipped capacities stay valid.
+    for name, default in _KEYED_WHEN_CHANGED.items():
+        if cluster.get(name) == default:
+            del cluster[name]
     return {
         "workload": workload,
         "cluster": cluster,
