@@ -4,9 +4,12 @@ a path may receive output at all.
 A run directory holds `requests.parquet`, `instances.parquet`, `router_events.parquet`,
 `config.yaml`, optionally `cdf.png`, then `summary.json`, written last. It is built in a
 temporary sibling directory and renamed into place, so a reader never sees a half-written
-run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run` or `sweep`):
-that marker, and nothing else, is what allows a later command to replace it. A directory
-without it, or holding files lmsim does not write, belongs to the user and is never touched.
+run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run`, `sweep` or
+`compare`): that marker, and nothing else, is what allows a later command to replace it. A
+directory without it, or holding files lmsim did not write, belongs to the user and is never
+touched. What lmsim drew from a run's results into its directory (signed figures and
+reports, `lmsim plot`'s figure folders, `lmsim compare --out` folders) is lmsim's and goes
+with the run when the run is replaced (`foreign_entries`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import yaml
 
 from lmsim.engine.results import NULLABLE_INT_COLUMNS, Results
 from lmsim.errors import ConfigError
-from lmsim.outputs import file_in_the_way
+from lmsim.outputs import FIGURE_DIR_MARKER, file_in_the_way, is_signed_output
 
 COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is complete
 KIND_MARKER = "lmsim.json"
@@ -34,6 +37,8 @@ RUN_FILES = frozenset({
     "requests.parquet", "instances.parquet", "router_events.parquet", "config.yaml", "cdf.png",
     COMPLETE_MARKER, KIND_MARKER,
 })  # fmt: skip
+# `lmsim compare --out`: its tables (its CDF figures are signed).
+COMPARE_FILES = frozenset({"compare.csv", "compare.txt", KIND_MARKER})
 
 
 def is_complete(run_dir: str | os.PathLike[str]) -> bool:
@@ -91,7 +96,7 @@ def check_output_dir(
     if found != kind:
         raise ConfigError(f"{out}: is an lmsim {found} directory; `lmsim {kind}` will not replace it")
     if allowed_files is not None:
-        foreign = sorted(n for n in entries if n not in allowed_files and not n.startswith("."))
+        foreign = foreign_entries(resolved, allowed_files)
         if foreign:
             raise ConfigError(
                 f"{out}: holds files lmsim did not write ({', '.join(foreign[:3])}"
@@ -101,6 +106,28 @@ def check_output_dir(
         return
     if not overwrite:
         raise ConfigError(f"{out}: a finished {kind} is already there; pass --overwrite to replace it")
+
+
+def foreign_entries(directory: Path, allowed: frozenset[str]) -> list[str]:
+    """What in `directory` lmsim did not write, as paths relative to it. lmsim's are the
+    `allowed` names, the figures and reports it signed (`lmsim plot`, `report`, `compare`
+    sign every file they draw), and folders holding only those: `lmsim plot`'s figure
+    folders and `lmsim compare --out` folders (whose tables are known by name). A symbolic
+    link, an empty folder, a hidden file (other than a temporary lmsim left) or anything
+    else is the user's."""
+    found = []
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        if entry.is_symlink():
+            found.append(entry.name)
+        elif entry.is_file():
+            if entry.name not in allowed and not is_signed_output(entry):
+                found.append(entry.name)
+        elif entry.is_dir() and any(entry.iterdir()):
+            inner = COMPARE_FILES if directory_kind(entry) == "compare" else frozenset({FIGURE_DIR_MARKER})
+            found.extend(f"{entry.name}/{name}" for name in foreign_entries(entry, inner))
+        else:
+            found.append(entry.name)
+    return found
 
 
 def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from lmsim.outputs import save_figure
-from lmsim.study.rundir import check_output_dir, write_kind_marker
+from lmsim.study.rundir import COMPARE_FILES, check_output_dir, write_kind_marker
 from lmsim.viz.axes import set_scale
 from lmsim.viz.figures import FORMATS
 from lmsim.viz.runs import PlotError, RunSet
@@ -33,10 +33,9 @@ OTHER_COLUMNS = (
     ("prefix_hit_ratio", "hit ratio", "{:.3f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
 )
-TABLE_FILE = "compare.csv"
-TEXT_FILE = "compare.txt"
+TABLE_FILE, TEXT_FILE = "compare.csv", "compare.txt"  # named in study.rundir.COMPARE_FILES
 CDF_STEM = "cdf"
-COMPARE_FILES = frozenset({TABLE_FILE, TEXT_FILE, "lmsim.json", *(f"{CDF_STEM}.{f}" for f in FORMATS)})
+COMPARE_DIR_FILES = COMPARE_FILES | {f"{CDF_STEM}.{f}" for f in FORMATS}
 
 
 def metric_columns() -> list[tuple[str, str, str]]:
@@ -138,7 +137,7 @@ def write_compare(data: RunSet, table: pd.DataFrame, text: str, out: str | os.Pa
     """Write the table (CSV and text) and the overlaid CDFs into `out`, a new directory or
     one `lmsim compare` wrote before (nothing else is replaced)."""
     out_dir = Path(out)
-    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_FILES)
+    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_DIR_FILES)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_kind_marker(out_dir, "compare")
     written = []

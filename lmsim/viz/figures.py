@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from lmsim.outputs import check_output_file, is_signed_figure, save_figure
+from lmsim.outputs import FIGURE_DIR_MARKER, FIGURE_FORMATS, check_output_file, is_signed_figure, save_figure
 from lmsim.study.index import RATE_KEYS
 from lmsim.viz.axes import panel_title, set_scale
 from lmsim.viz.axes import plain_number as _plain
@@ -37,7 +37,7 @@ from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot")
-FORMATS = ("png", "svg", "pdf")
+FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
 __all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
@@ -483,15 +483,12 @@ def make_figures(
     return written
 
 
-FIGURE_MARKER = ".lmsim-figures"
-
-
 def _check_figure_dir(out_dir: Path, names: list[str]) -> None:
     """Figures replace only files lmsim wrote: a same-named file in a directory lmsim did
     not create (no marker) is the user's, and the command stops before writing anything."""
-    if out_dir.is_dir() and not (out_dir / FIGURE_MARKER).exists():
+    if out_dir.is_dir() and not (out_dir / FIGURE_DIR_MARKER).exists():
         clashes = [n for n in names if (out_dir / n).exists()]
         if clashes:
             raise PlotError(f"{out_dir}: {clashes[0]} exists and was not written by lmsim; choose another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / FIGURE_MARKER).touch()
+    (out_dir / FIGURE_DIR_MARKER).touch()

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from lmsim.errors import LmsimError
-from lmsim.outputs import SIGNATURE, check_output_file, is_signed_figure, write_text
+from lmsim.outputs import SIGNATURE, check_output_file, is_signed_figure, is_signed_report, write_text
 from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
 from lmsim.viz.compare import compare_table, format_table
@@ -152,12 +152,6 @@ def _drawn_figures(paths: list[Path], kinds: list[str]) -> dict[str, Path]:
     return found
 
 
-def is_report(path: Path) -> bool:
-    """An HTML page `write_report` wrote (signed in its head)."""
-    with open(path, "rb") as fh:
-        return SIGNATURE.encode() in fh.read(4096)
-
-
 def write_report(
     roots: str | os.PathLike[str] | list[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
@@ -181,7 +175,7 @@ def write_report(
         sections = [(", ".join(p.name for p in given), given)]
         path = Path(out)
         root = path.resolve().parent
-    path = check_output_file(path, overwrite=overwrite, ours=is_report)
+    path = check_output_file(path, overwrite=overwrite, ours=is_signed_report)
     body = "\n".join(_section(paths, title) for title, paths in sections)
     meta = provenance()
     toc = "".join(f'<li><a href="#{html.escape(t)}">{html.escape(t)}</a></li>' for t, _ in sections)
