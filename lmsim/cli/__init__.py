@@ -192,10 +192,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-# How far `lmsim run` looks for a free default directory (runs/<name>-N) before giving up.
-MAX_DEFAULT_SUFFIX = 999
-
-
 def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     """Where `lmsim run` writes, checked before anything runs.
 
@@ -205,7 +201,13 @@ def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     same results); otherwise the first free or same-configuration runs/<name>-2, -3, ... so a
     run never replaces an earlier run of a different configuration. `--overwrite` without
     `--out` replaces the run at the default directory whatever its configuration."""
-    from lmsim.study.rundir import RUN_FILES, check_output_dir, directory_kind, saved_config_matches
+    from lmsim.study.rundir import (
+        RUN_FILES,
+        check_output_dir,
+        default_directory,
+        directory_kind,
+        saved_config_matches,
+    )
 
     if out is not None:
         path = Path(out)
@@ -219,15 +221,12 @@ def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     if base.resolve() == cwd or base.resolve() in cwd.parents:
         check_output_dir(base, "run")  # output.dir: . names the user's folder; refused
     wanted = config.to_dict()
-    for n in range(1, MAX_DEFAULT_SUFFIX + 1):
-        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
-            check_output_dir(path, "run")  # a parent that is a file, the working directory
-            return path
-        if directory_kind(path) == "run" and saved_config_matches(path, wanted):
-            check_output_dir(path, "run", overwrite=True, allowed_files=RUN_FILES)
-            return path
-    raise ConfigError(f"{base}: {base.name}-2 ... -{MAX_DEFAULT_SUFFIX} are all taken; pass --out")
+    path = default_directory(base, lambda p: directory_kind(p) == "run" and saved_config_matches(p, wanted))
+    if path.exists() and any(path.iterdir()):
+        check_output_dir(path, "run", overwrite=True, allowed_files=RUN_FILES)
+    else:
+        check_output_dir(path, "run")  # a parent that is a file, the working directory
+    return path
 
 
 def format_summary(name: str, s: dict) -> str:

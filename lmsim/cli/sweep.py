@@ -6,7 +6,7 @@ import signal
 import sys
 from typing import Any
 
-from lmsim.cli.options import add_plugin_option
+from lmsim.cli.options import add_overwrite_option, add_plugin_option
 from lmsim.study.execute import run_sweep
 from lmsim.study.expand import load_sweep
 
@@ -20,7 +20,7 @@ def cmd_sweep(args: Any) -> int:
     executor = args.executor or ("dask" if args.scheduler else "local")
     outcome = run_sweep(
         args.experiment, args.overrides, out=args.out, jobs=args.jobs, executor=executor,
-        scheduler=args.scheduler, progress=not args.no_progress,
+        scheduler=args.scheduler, progress=not args.no_progress, overwrite=args.overwrite,
     )  # fmt: skip
     complete = len(outcome.skipped) + len(outcome.executed)
     print(
@@ -42,8 +42,11 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("experiment", help="experiment YAML with a sweep: block")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field before expansion (repeatable)")
-    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>): absent, empty, "
-                   "or a sweep lmsim wrote (resumed); never a run directory or a folder of yours")
+    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>, or runs/<name>-2, "
+                   "-3, ... when that holds runs of another configuration): absent, empty, or a sweep "
+                   "lmsim wrote (resumed); never a run directory or a folder of yours")
+    add_overwrite_option(p, "sweep's finished runs that were made from another configuration "
+                         "(rerun; its runs of points no longer swept are removed)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="runs in parallel (default 1)")
     p.add_argument("--executor", choices=("local", "dask"), default=None,
                    help="local process pool (default) or dask.distributed")

@@ -181,6 +181,22 @@ def _unset_dotted(raw: dict[str, Any], key: str) -> None:
         node.pop(parts[-1], None)
 
 
+def base_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The experiment without its sweep definition: what every point starts from."""
+    return {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+
+
+def point_config(base: dict[str, Any], params: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """A point's raw config: `base` with each swept key set (or, for None, unset)."""
+    point_raw = copy.deepcopy(base)
+    for key, value in params.items():
+        if value is None:
+            _unset_dotted(point_raw, key)
+        else:
+            set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
+    return point_raw
+
+
 def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
     """Every point of the experiment's sweep, validated, in expansion order (the first axis
     varies slowest). An experiment without `sweep:` is one point named `default`; `seeds: [...]`
@@ -191,7 +207,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
         raise SweepError(f"{where}: sweep: expected a mapping of dotted keys to lists")
     if not isinstance(zips, list):
         raise SweepError(f"{where}: zip: expected a list of key groups")
-    base = {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+    base = base_config(raw)
     for key in sweep:
         check_sweep_key(str(key), where=where)
     axes = _axes(sweep, zips, where=where)
@@ -213,13 +229,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
             # Two points sanitise to the same name ("a/b" vs "a-b"): disambiguate both by a
             # hash of the exact values, which keeps each name stable across reruns.
             name = f"{name[: MAX_NAME_LEN - 9]}~{_digest(json.dumps(combo, sort_keys=True, default=str))}"
-        point_raw = copy.deepcopy(base)
-        for key, value in combo.items():
-            if value is None:
-                _unset_dotted(point_raw, key)
-            else:
-                set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
-        points.append(SweepPoint(name, combo, point_raw))
+        points.append(SweepPoint(name, combo, point_config(base, combo, where=where)))
     if len({p.name for p in points}) != len(points):
         raise SweepError(f"{where}: sweep: two points have identical values")
     _validate_points(points, where=where)

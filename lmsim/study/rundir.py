@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,17 +131,58 @@ def foreign_entries(directory: Path, allowed: frozenset[str]) -> list[str]:
     return found
 
 
-def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:
-    """True when the run at `run_dir` was made from the resolved config `wanted` (`output`
-    aside: where figures go does not change results)."""
+def saved_config_difference(run_dir: Path, wanted: dict[str, Any]) -> str | None:
+    """None when the run at `run_dir` was made from the resolved config `wanted` (`output`
+    aside: where figures go does not change results); else the first difference, as
+    `key old -> new`."""
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
-        return False
+        return "config.yaml unreadable"
     if not isinstance(saved, dict):
-        return False
-    saved = {k: v for k, v in saved.items() if k != "output"}
-    return saved == {k: v for k, v in wanted.items() if k != "output"}
+        return "config.yaml malformed"
+    old = _flatten({k: v for k, v in saved.items() if k != "output"})
+    new = _flatten({k: v for k, v in wanted.items() if k != "output"})
+    for key in [*new, *(k for k in old if k not in new)]:
+        if old.get(key, _ABSENT) != new.get(key, _ABSENT):
+            return f"{key} {_shown(old.get(key, _ABSENT))} -> {_shown(new.get(key, _ABSENT))}"
+    return None
+
+
+def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:
+    return saved_config_difference(run_dir, wanted) is None
+
+
+_ABSENT = object()
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is _ABSENT else json.dumps(value)
+
+
+# How far a command looks for a free default directory (runs/<name>-N) before giving up.
+MAX_DEFAULT_SUFFIX = 999
+
+
+def default_directory(base: Path, reusable: Callable[[Path], bool]) -> Path:
+    """The first of `base`, `base-2`, `base-3`, ... that is absent, empty, or `reusable`
+    (holds lmsim's output of this same configuration): an earlier output of another
+    configuration, or anything of the user's, is stepped around and kept."""
+    for n in range(1, MAX_DEFAULT_SUFFIX + 1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if not path.exists() or (path.is_dir() and not any(path.iterdir())) or reusable(path):
+            return path
+    raise ConfigError(f"{base}: {base.name}-2 ... -{MAX_DEFAULT_SUFFIX} are all taken; pass --out")
 
 
 def is_own_partial(path: Path) -> bool:

@@ -29,7 +29,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from lmsim.outputs import FIGURE_DIR_MARKER, FIGURE_FORMATS, check_output_file, is_signed_figure, save_figure
+from lmsim.outputs import (
+    FIGURE_DIR_MARKER,
+    FIGURE_FORMATS,
+    check_output_file,
+    is_signed_figure,
+    save_figure,
+)
 from lmsim.study.index import RATE_KEYS
 from lmsim.viz.axes import panel_title, set_scale
 from lmsim.viz.axes import plain_number as _plain

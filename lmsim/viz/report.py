@@ -20,7 +20,13 @@ from typing import Any
 import yaml
 
 from lmsim.errors import LmsimError
-from lmsim.outputs import SIGNATURE, check_output_file, is_signed_figure, is_signed_report, write_text
+from lmsim.outputs import (
+    SIGNATURE,
+    check_output_file,
+    is_signed_figure,
+    is_signed_report,
+    write_text,
+)
 from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
 from lmsim.viz.compare import compare_table, format_table
