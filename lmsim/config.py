@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from lmsim.errors import ConfigError
 from lmsim.profile.base import LinearCostModel
@@ -171,8 +179,31 @@ class ExperimentConfig(_Strict):
         None, description="repeat every sweep point once per seed (sets `seed`)"
     )
 
+    # The folder of the YAML this config was read from, where its relative paths (a trace)
+    # are looked up. Private: not a field, so never serialized, dumped into config.yaml or
+    # digested, and not compared (two reads of the same content are equal).
+    _source_dir: Path | None = PrivateAttr(None)
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @property
+    def source_dir(self) -> Path | None:
+        """The (absolute) folder of the YAML this config was read from; None when it was
+        built in code. `model_copy` keeps it."""
+        return self._source_dir
+
+    def from_folder(self, folder: str | Path | None) -> ExperimentConfig:
+        """This config, remembering `folder` as where its YAML was (see source_dir)."""
+        self._source_dir = Path(folder).resolve() if folder is not None else None
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExperimentConfig):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # params are dicts: never hashable
 
 
 _LINEAR_FIELDS = tuple(
@@ -302,7 +333,7 @@ def load_experiment(
     where = str(path)
     raw = apply_overrides(read_yaml(path), overrides or [], where=where)
     _prefer_overridden_source(raw, overrides or [])
-    config = validate(raw, where=where)
+    config = validate(raw, where=where).from_folder(Path(path).parent)
     return config, raw
 
 

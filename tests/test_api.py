@@ -132,3 +132,51 @@ def test_entry_point_group_registers_policies(tmp_path: Path) -> None:
         "lmsim: error: entry point 'ep_fewest' (lmsim.policies, ep_policies): cannot import it "
         "(ModuleNotFoundError: No module named 'no_such_dependency_of_the_plugin')"
     ]
+
+
+def test_a_loaded_config_remembers_its_yaml_folder(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24: `cfg = lmsim.load_experiment("proj/exp.yaml"); lmsim.run(cfg)` lost the
+    YAML's folder ("data/t.parquet: trace file not found") where `lmsim.run("proj/exp.yaml")`
+    found the trace beside the YAML. The folder is remembered beside the config, not in it:
+    its serialized form (and so config.yaml and every digest of it) is unchanged."""
+    import shutil
+
+    from lmsim.data import TRACES_DIR
+
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    shutil.copy(TRACES_DIR / "kimi_conversation_sample.parquet", proj / "data/t.parquet")
+    raw = yaml.safe_load((Path(lmsim.__file__).parent / "data/experiments/quickstart.yaml").read_text())
+    raw["workload"] = {"trace": "data/t.parquet", "limit": 30}
+    (proj / "exp.yaml").write_text(yaml.safe_dump(raw))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = lmsim.load_experiment("proj/exp.yaml")
+    monkeypatch.chdir(elsewhere)  # the folder was resolved when the YAML was read
+    by_config = lmsim.run(config)
+    by_path = lmsim.run("../proj/exp.yaml")
+    assert by_config.summary["num_requests"] == by_path.summary["num_requests"] == 30
+    assert by_config.requests["finished_at"].tolist() == by_path.requests["finished_at"].tolist()
+    assert lmsim.run(config, {"workload.limit": 20}).summary["num_requests"] == 20  # overrides keep it
+    assert config.source_dir == proj.resolve()
+    assert config.model_copy().source_dir == proj.resolve()
+    # not part of what the config is: same dump and equal to the same content read elsewhere
+    assert "proj" not in yaml.safe_dump(config.to_dict()) and "source" not in config.to_dict()
+    copied = tmp_path / "copy.yaml"
+    copied.write_text((proj / "exp.yaml").read_text())
+    assert lmsim.load_experiment(copied) == config
+    assert config.model_dump_json() == lmsim.load_experiment(copied).model_dump_json()
+
+
+def test_api_runs_carry_capacity_and_load_like_cli_runs(tmp_path: Path) -> None:
+    """Issue 24: runs made through the API lacked capacity_req_s, capacity_source,
+    load_rate_req_s and load in summary.json. traces/chatbot: load 0.5 of the shipped
+    68.8 req/s = 34.4 req/s, as `lmsim run traces/chatbot` prints."""
+    results = lmsim.run("traces/chatbot", {"workload.limit": 30}, out=tmp_path / "r")
+    for summary in (results.summary, json.loads((tmp_path / "r/summary.json").read_text())):
+        assert summary["load"] == 0.5
+        assert summary["capacity_source"] == "shipped"
+        assert summary["capacity_req_s"] == pytest.approx(68.8, rel=0.01)
+        assert summary["load_rate_req_s"] == pytest.approx(34.4, rel=0.01)
+    assert (tmp_path / "r/config.yaml").read_text().startswith("# workload.load 0.5 resolved to")

@@ -159,8 +159,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lmsim.engine.simulation import Simulation
-    from lmsim.study.experiment import describe_load, load_resolution
+    from lmsim.study.experiment import describe_load, load_resolution, simulate
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
@@ -175,11 +174,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     load = load_resolution(config, trace)
     from lmsim.progress import progress_bar
 
-    with _about(str(args.experiment)):
-        sim = Simulation(config, trace)
-        with progress_bar(not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3) as bar:
-            results = sim.run(progress=bar.update)
-    results.summary.update(load)
+    with _about(str(args.experiment)), progress_bar(
+        not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3
+    ) as bar:
+        results = simulate(config, trace, progress=bar.update)
     try:
         save_run(results, out, figure=config.output.figures and not args.no_figure)
     except OSError as exc:

@@ -67,8 +67,7 @@ def _log_to_stderr(name: str) -> Callable[[str], None]:
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
     """Run one point and save it; never raises for a failing run (the error is returned), so
     both executors report failures the same way. Executed in a worker process."""
-    from lmsim.engine.simulation import Simulation
-    from lmsim.study.experiment import load_resolution, load_workload_trace
+    from lmsim.study.experiment import load_workload_trace, simulate
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
@@ -76,8 +75,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     try:
         config = validate(task["raw"], where=f"{task['where']} [{name}]")
         trace = load_workload_trace(config, Path(task["experiment_dir"]), log=_log_to_stderr(name))
-        results = Simulation(config, trace).run()
-        results.summary.update(load_resolution(config, trace))
+        results = simulate(config, trace)
         save_run(results, Path(task["out"]) / name, figure=config.output.figures)
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from lmsim.config import ExperimentConfig
 from lmsim.data import DATA_DIR
 from lmsim.errors import ConfigError, TraceError
 from lmsim.workload.trace import Trace, read_parquet
+
+if TYPE_CHECKING:
+    from lmsim.engine.results import Results
 
 
 def resolve_path(path: str, experiment_dir: Path | None) -> Path:
@@ -214,6 +217,17 @@ def load_resolution(config: ExperimentConfig, trace: Trace) -> dict[str, Any]:
         "capacity_source": meta.get("capacity_source", "missing"),
         "load_rate_req_s": float(meta["load_rate_req_s"]) if "load_rate_req_s" in meta else None,
     }
+
+
+def simulate(config: ExperimentConfig, trace: Trace, *, progress: Callable[[int], None] | None = None) -> Results:
+    """Replay `trace` on `config`'s cluster; the summary also names what `workload.load`
+    resolved to (`load_resolution`), so runs made by `lmsim run`, a sweep and the API carry
+    the same fields."""
+    from lmsim.engine.simulation import Simulation
+
+    results = Simulation(config, trace).run(progress=progress)
+    results.summary.update(load_resolution(config, trace))
+    return results
 
 
 def describe_load(resolution: dict[str, Any]) -> str:
