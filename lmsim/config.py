@@ -301,7 +301,15 @@ def validate(raw: Any, *, where: str) -> ExperimentConfig:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: experiment file not found")
+        if path.suffix in (".yaml", ".yml"):
+            raise ConfigError(f"{path}: experiment file not found")
+        from lmsim.data import bundled_experiment_names
+
+        # A bare name was meant as a bundled experiment: say which there are.
+        raise ConfigError(
+            f"{path}: experiment file not found, nor a bundled experiment "
+            f"({', '.join(bundled_experiment_names())}; `lmsim list experiments` describes them)"
+        )
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not an experiment file")
     try:

@@ -9,7 +9,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -42,9 +41,6 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     add_plugin_option(v)
     v.set_defaults(func=cmd_validate)
-
-    pol = subparsers.add_parser("policies", help="list routing policies and their parameters")
-    pol.set_defaults(func=cmd_policies)
 
 
 @contextlib.contextmanager
@@ -263,50 +259,6 @@ def format_summary(name: str, s: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_policies(args: argparse.Namespace) -> int:
-    import inspect
-
-    from lmsim.policies import POLICIES
-
-    for name in POLICIES.names():
-        cls = POLICIES.get(name)
-        doc = (inspect.getdoc(cls) or "").splitlines()
-        params = POLICIES.parameters(name)
-        shown = ", ".join(
-            f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
-            for key, p in params.items()
-        )
-        print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
-        print(f"{'':16} params: {shown or '(none)'}")
-        for key, why in getattr(cls, "default_reasons", {}).items():
-            default = params[key].default if key in params else "?"
-            print(f"{'':16} default {key}={default!r}: {why}")
-    return 0
-
-
-_DOCUMENT = re.compile(r"[\w./-]+\.(?:md|txt)\b")
-_PARENTHETICAL = re.compile(r"\s*\(([^()]*)\)")
-
-
-def document_exists(name: str) -> bool:
-    """A cited document is in the repository (a source checkout) or ships in lmsim/data."""
-    from lmsim.data import DATA_DIR
-
-    return any((base / name).is_file() for base in (DATA_DIR, DATA_DIR.parent.parent))
-
-
-def cite_only_shipped_documents(text: str) -> str:
-    """Drop a parenthetical reference to a document the user does not have (the specs
-    under ../shared/docs that docstrings cite for developers), so what the CLI prints
-    only points at files that exist."""
-
-    def keep(match: re.Match[str]) -> str:
-        cited = _DOCUMENT.findall(match.group(1))
-        return "" if cited and not all(document_exists(d) for d in cited) else match.group(0)
-
-    return _PARENTHETICAL.sub(keep, text)
-
-
 # Modules that add subcommands through `register_cli(subparsers)`.
 COMMAND_MODULES = (
     "lmsim.cli.profile",
@@ -317,6 +269,7 @@ COMMAND_MODULES = (
     "lmsim.cli.report",
     "lmsim.cli.compare",
     "lmsim.cli.bench",
+    "lmsim.cli.listing",
 )
 
 

@@ -40,7 +40,7 @@ def register_cli(subparsers: Any) -> None:
     conv.set_defaults(func=cmd_convert)
 
     st = sub.add_parser("stats", help="print a trace's request, length, arrival and prefix-reuse statistics")
-    st.add_argument("trace", metavar="TRACE")
+    st.add_argument("trace", metavar="TRACE", help="a trace file or a bundled trace's name (lmsim list traces)")
     st.add_argument("--format", choices=FORMATS.names(), default=None)
     st.add_argument("--skip-bad-rows", action="store_true")
     st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
@@ -74,6 +74,17 @@ def register_cli(subparsers: Any) -> None:
     cmp_.set_defaults(func=cmd_compare)
 
 
+def trace_path(arg: str) -> str:
+    """A trace argument: a path, or the name of a bundled trace (`kimi_conversation_sample`)
+    when no such file exists, so the shipped traces work from any directory."""
+    from lmsim.data import bundled_trace
+
+    if Path(arg).exists():
+        return arg
+    bundled = bundled_trace(arg)
+    return str(bundled) if bundled is not None else arg
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from lmsim.workload.convert import convert_trace
     from lmsim.workload.formats import infer_format
@@ -81,6 +92,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not str(args.out).endswith(".parquet"):
         raise ConfigError(f"{args.out}: --out must name a .parquet file (the canonical trace format)")
     check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
+    args.input = trace_path(args.input)
     fmt = args.format or infer_format(Path(args.input))
     print(f"{args.input}: format {fmt}" + ("" if args.format else " (detected)"), flush=True)
     _fmt, count, skipped = convert_trace(
@@ -98,7 +110,7 @@ def _jsonable(v: Any) -> Any:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows,
+    trace = load_trace(trace_path(args.trace), format=args.format, skip_bad_rows=args.skip_bad_rows,
                        progress=not args.no_progress)
     stats = trace_stats(trace)
     if args.json:
@@ -119,7 +131,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     # Beside the trace would be inside the installed package for a bundled one.
     out = Path(args.out) if args.out else Path(Path(args.trace).stem + ".png")
     check_output_file(out, overwrite=args.overwrite, ours=is_signed_figure)
-    trace = load_trace(args.trace, format=args.format)
+    trace = load_trace(trace_path(args.trace), format=args.format)
     fig, (ax_rate, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4))
     t = trace.arrival_s - trace.arrival_s[0]
     bins = np.arange(0, max(t[-1], 60) + 60, 60)
@@ -172,8 +184,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.splits < 1:
         raise ConfigError(f"--splits must be >= 1, got {args.splits}")
-    a = session_samples(load_trace(args.a))
-    b = session_samples(load_trace(args.b))
+    a = session_samples(load_trace(trace_path(args.a)))
+    b = session_samples(load_trace(trace_path(args.b)))
     tolerance = split_tolerance(a, splits=args.splits, seed=args.seed)
     print(format_comparison(compare(a, b, tolerance), args.a, args.b))
     print(f"tolerance: the largest B/A deviation over {args.splits} random disjoint halves of A")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from lmsim.config import ExperimentConfig
-from lmsim.data import DATA_DIR
+from lmsim.data import DATA_DIR, bundled_trace
 from lmsim.errors import ConfigError, TraceError
 from lmsim.workload.trace import Trace, read_parquet
 
@@ -24,14 +24,15 @@ if TYPE_CHECKING:
 
 def resolve_path(path: str, experiment_dir: Path | None) -> Path:
     """A relative path is looked up in the working directory, then beside the experiment
-    file, then among the bundled data (so bundled experiments run from anywhere)."""
+    file, then among the bundled data (so bundled experiments run from anywhere); a bare
+    name may name a bundled trace (`kimi_conversation_sample`)."""
     candidate = Path(path)
     if candidate.is_absolute() or candidate.exists():
         return candidate
     for base in (experiment_dir, DATA_DIR):
         if base is not None and (base / candidate).exists():
             return base / candidate
-    return candidate
+    return bundled_trace(path) or candidate
 
 
 @lru_cache(maxsize=64)
