@@ -111,3 +111,24 @@ def test_as_text_treats_missing_values_alike() -> None:
     column = pd.Series([np.nan, 0.5, None, np.int64(2), np.float64(1.0), True], dtype=object)
     assert as_text(column).tolist() == ["null", "0.5", "null", "2", "1.0", "true"]
     assert as_text(pd.Series([np.nan, 0.15])).nunique() == 2
+
+
+def test_a_runs_own_cdf_names_policy_and_load_in_the_policys_colour(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24: a run's cdf.png named neither policy nor load and was always blue.
+    traces/chatbot under lmetric: load 0.5 of the shipped 68.8 req/s = 34.4 req/s."""
+    from matplotlib.colors import to_hex
+
+    import lmsim.viz.run_cdf as run_cdf
+    from lmsim.cli import main
+    from lmsim.viz.style import policy_style
+
+    drawn = []
+    monkeypatch.setattr(run_cdf, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "traces/chatbot", "--set", "workload.limit=40", "--set", "router.policy=lmetric"]) == 0
+    (fig,) = drawn
+    assert fig._suptitle.get_text() == "trace-chatbot: lmetric, load 50% of capacity (34.4 req/s)"
+    for ax in fig.axes:
+        (line,) = ax.get_lines()
+        assert to_hex(line.get_color()) == policy_style("lmetric").color
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lmetric"]

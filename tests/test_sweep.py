@@ -395,3 +395,19 @@ def test_a_seed_repeat_is_scaled_by_the_reference_seeds_capacity() -> None:
     raw["seed"] = 0
     assert np.array_equal(ref.arrival_s, capacity_trace(validate(raw, where="x")).arrival_s)
     assert not np.array_equal(own.arrival_s, ref.arrival_s)
+
+
+def test_validate_checks_every_sweep_point(tmp_path: Path, capsys) -> None:
+    """Issue 24: `lmsim validate` passed a sweep whose points were invalid (a bailian
+    parameter swept on vllm); now each point is checked as `run` would check it."""
+    from lmsim.cli import main
+
+    good = write_experiment(tmp_path / "good.yaml", tiny_experiment(**copy.deepcopy(FOUR_RUNS)))
+    assert main(["validate", str(good)]) == 0
+    assert capsys.readouterr().out.startswith(f"{good}: ok (4 sweep points, ")
+    bad = write_experiment(tmp_path / "bad.yaml", tiny_experiment(sweep={
+        "router.policy": ["bailian", "vllm"], "router.params.lambda": [0.5, 0.5]}, zip=[["router.policy", "router.params.lambda"]]))  # fmt: skip
+    assert main(["validate", str(bad)]) == 2
+    assert "[router.policy=vllm,router.params.lambda=0.5]: router.params: policy 'vllm' has no parameter 'lambda'" in (
+        capsys.readouterr().err
+    )

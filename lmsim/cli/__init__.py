@@ -69,7 +69,7 @@ def _load_config(args: argparse.Namespace):
     return config
 
 
-def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search"):
+def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search", where: str | None = None):
     """Load and check everything a run needs, so bad input fails here with the experiment
     file named, before any simulated time passes (shared by `run` and `validate`; only
     `run` may search for a capacity, announcing it and each probe on stderr)."""
@@ -77,7 +77,7 @@ def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search")
     from lmsim.profile import load_cost_model
     from lmsim.study.experiment import load_workload_trace
 
-    where = str(args.experiment)
+    where = where or str(args.experiment)
     if config is None:
         config = _load_config(args)
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
@@ -145,11 +145,39 @@ def _check_workload_source(config, where: str) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from lmsim.study.experiment import describe_load, load_resolution
 
-    config, trace = _prepare(args, capacity="lookup")
+    config = _load_config(args)
+    if config.sweep or config.zip or config.seeds:
+        return _validate_sweep(args, config)
+    config, trace = _prepare(args, config, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
           f"{config.cluster.num_instances} instances)")
     load = describe_load(load_resolution(config, trace))
     if load:
+        print(load)
+    return 0
+
+
+def _validate_sweep(args: argparse.Namespace, config) -> int:
+    """Every point of a sweep checked as `lmsim run` would check it (a policy parameter
+    only one of the swept policies has, a generator parameter, a view, the KV pool, the
+    workload with its capacity), each error naming the point."""
+    from lmsim.config import validate
+    from lmsim.study.expand import load_sweep
+    from lmsim.study.experiment import describe_load, load_resolution
+
+    _raw, points = load_sweep(args.experiment, args.overrides)
+    requests, loads = set(), []
+    for point in points:
+        at = f"{args.experiment} [{point.name}]"
+        point_config = validate(point.raw, where=at).from_folder(config.source_dir)
+        point_config, trace = _prepare(args, point_config, capacity="lookup", where=at)
+        requests.add(len(trace))
+        load = describe_load(load_resolution(point_config, trace))
+        if load and load not in loads:
+            loads.append(load)
+    counts = "-".join(str(n) for n in sorted({min(requests), max(requests)}))
+    print(f"{args.experiment}: ok ({len(points)} sweep points, {counts} requests each)")
+    for load in loads:
         print(load)
     return 0
 

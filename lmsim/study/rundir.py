@@ -217,9 +217,10 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
     )
     (tmp / "config.yaml").write_text(_load_comment(results.summary) + yaml.safe_dump(results.config, sort_keys=False))
     if figure:
-        from lmsim.viz.run_cdf import plot_run_cdf
+        from lmsim.viz.run_cdf import plot_run_cdf, run_title
 
-        plot_run_cdf(results.requests, tmp / "cdf.png", title=results.config.get("name", ""))
+        plot_run_cdf(results.requests, tmp / "cdf.png", title=run_title(results.config, results.summary),
+                     policy=str(results.config.get("router", {}).get("policy", "")))  # fmt: skip
     (tmp / COMPLETE_MARKER).write_text(json.dumps(_jsonable(results.summary), indent=2) + "\n")
     if run_dir.exists() and any(run_dir.iterdir()):
         old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")

@@ -71,13 +71,19 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
 
 
 def _baseline_run(data: RunSet, baseline: str) -> str:
+    """The run `--baseline` names: its label in the index, its row label in the printed
+    table (`policy=vllm`), or its directory."""
     if baseline in set(data.index["run"]):
         return baseline
+    labels = {data.diff_label(row): row["run"] for _, row in data.index.iterrows()}
+    if baseline in labels:
+        return labels[baseline]
     wanted = Path(baseline).resolve()
     for run in data.index["run"]:
         if data.run_dir(run).resolve() == wanted:
             return run
-    raise PlotError(f"--baseline {baseline}: not one of the compared runs (give its directory)")
+    raise PlotError(f"--baseline {baseline}: not one of the compared runs "
+                    f"(give its directory or its row label: {', '.join(labels)})")  # fmt: skip
 
 
 def format_table(table: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:

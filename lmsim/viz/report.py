@@ -14,6 +14,7 @@ import html
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
 from lmsim.viz.compare import compare_table, format_table
 from lmsim.viz.figures import FIGURES_DIR, make_figures, supported_kinds
-from lmsim.viz.runs import RunSet
+from lmsim.viz.runs import PlotError, RunSet
 
 REPORT_FILE = "report.html"
 # The report's table: the headline statistics (compare.csv has every one).
@@ -51,9 +52,16 @@ class ReportError(LmsimError):
 
 
 def find_sweeps(root: Path) -> list[Path]:
+    """`root` itself when it is a sweep or a run, else every sweep and run below it at any
+    depth (`runs/quickstart`, `runs/traces/chatbot`, `runs/paper/fig22`), in name order. A
+    sweep's runs belong to its section, and hidden or figure folders hold no runs."""
     if (root / INDEX_FILE).exists() or is_complete(root):
         return [root]
-    return sorted(p.parent for p in root.glob(f"*/{INDEX_FILE}"))
+    found = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        if not child.name.startswith(".") and child.name != FIGURES_DIR:
+            found.extend(find_sweeps(child))
+    return found
 
 
 def provenance() -> dict[str, str]:
@@ -163,10 +171,13 @@ def write_report(
     out: str | os.PathLike[str] | None = None,
     *,
     overwrite: bool = False,
+    warn: Callable[[str], None] = print,
 ) -> Path:
     """One directory: its sweeps (or itself, a sweep or a run), a section each. Several
     directories: one section comparing all their runs; `out` is then required. A file at
-    the output path that lmsim did not write is replaced only with `overwrite`."""
+    the output path that lmsim did not write is replaced only with `overwrite`. A section
+    that cannot be drawn (a sweep without complete runs) is skipped, said on the page and
+    through `warn`, unless it is the only one."""
     given = [Path(r) for r in (roots if isinstance(roots, list) else [roots])]
     if len(given) == 1:
         root = given[0]
@@ -182,7 +193,19 @@ def write_report(
         path = Path(out)
         root = path.resolve().parent
     path = check_output_file(path, overwrite=overwrite, ours=is_signed_report)
-    body = "\n".join(_section(paths, title) for title, paths in sections)
+    parts = []
+    for title, paths in sections:
+        try:
+            parts.append(_section(paths, title))
+        except PlotError as exc:
+            if len(sections) == 1:
+                raise
+            # One sweep without complete runs does not take a report of many down with it.
+            reason = str(exc).removeprefix(f"{paths[0]}: ")
+            anchor = html.escape(title)
+            parts.append(f'<h2 id="{anchor}">{anchor}</h2><p>skipped: {html.escape(reason)}</p>')
+            warn(f"lmsim report: {paths[0]}: skipped, {reason}")
+    body = "\n".join(parts)
     meta = provenance()
     toc = "".join(f'<li><a href="#{html.escape(t)}">{html.escape(t)}</a></li>' for t, _ in sections)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{SIGNATURE}'>"
