@@ -180,3 +180,24 @@ def test_api_runs_carry_capacity_and_load_like_cli_runs(tmp_path: Path) -> None:
         assert summary["capacity_req_s"] == pytest.approx(68.8, rel=0.01)
         assert summary["load_rate_req_s"] == pytest.approx(34.4, rel=0.01)
     assert (tmp_path / "r/config.yaml").read_text().startswith("# workload.load 0.5 resolved to")
+
+
+@pytest.mark.parametrize(("returned", "shown"), [("99", "99"), ("-1", "-1"), ("None", "None"), ("1.0", "1.0")])
+def test_a_plugin_returning_a_bad_index_is_one_line(tmp_path: Path, returned: str, shown: str) -> None:
+    """Issue 24: a plug-in policy returning an instance that does not exist ended in a
+    RuntimeError traceback. One line names the policy, the value and what is allowed;
+    exit 3, the code of a bug (here the plug-in's) rather than of bad input."""
+    (tmp_path / "bad_index.py").write_text(
+        "from lmsim.policies.base import POLICIES, Policy\n\n"
+        '@POLICIES.register("bad_index")\n'
+        "class BadIndex(Policy):\n"
+        f"    def choose(self, request, cluster):\n        return {returned}\n"
+    )
+    proc = _lmsim("run", "quickstart", "--plugin", "bad_index", "--set", "router.policy=bad_index",
+                  "--set", "workload.limit=5", "--no-figure", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"lmsim: error: policy 'bad_index' chose instance {shown} for request 0 at t=0.000 s; "
+        "choose() must return an int from 0 to 15 (the cluster's 16 instances)"
+    ]
+    assert not (tmp_path / "runs").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lmsim._version import __version__
 from lmsim.cli.options import PLUGIN_HELP, add_overwrite_option, add_plugin_option
-from lmsim.errors import ConfigError, InvariantError, LmsimError
+from lmsim.errors import ConfigError, InvariantError, LmsimError, suggest
 
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,35 +61,43 @@ def _stderr(line: str) -> None:
 
 
 def _load_config(args: argparse.Namespace):
+    """The experiment with its `--set` overrides, checked as far as it can be without its
+    workload (`_check_config`; a sweep's points are checked one by one instead), so an
+    error names the file or, when an override caused it, the `--set` argument."""
     from lmsim.config import load_experiment
 
-    config, _raw = load_experiment(args.experiment, args.overrides)
+    def check(config, where: str) -> None:
+        if not (config.sweep or config.zip or config.seeds):
+            _check_config(config, where)
+
+    config, _raw = load_experiment(args.experiment, args.overrides, check)
     if getattr(args, "check", False):
         config = config.model_copy(update={"simulation": config.simulation.model_copy(update={"check": True})})
     return config
 
 
-def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search", where: str | None = None):
-    """Load and check everything a run needs, so bad input fails here with the experiment
-    file named, before any simulated time passes (shared by `run` and `validate`; only
-    `run` may search for a capacity, announcing it and each probe on stderr)."""
+def _check_config(config, where: str) -> None:
+    """Policy and its parameters, router view, profile and KV pool, workload source."""
     from lmsim.policies import POLICIES
     from lmsim.profile import load_cost_model
-    from lmsim.study.experiment import load_workload_trace
 
-    where = where or str(args.experiment)
-    if config is None:
-        config = _load_config(args)
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
     POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
     _check_router_view(config, where)
-    cost_model = load_cost_model(config.cluster.profile)
-    _check_kv_pool(config, cost_model, where)
+    _check_kv_pool(config, load_cost_model(config.cluster.profile), where)
     _check_workload_source(config, where)
+
+
+def _prepare(args: argparse.Namespace, config, *, capacity: str = "search", where: str | None = None):
+    """Load the workload of a checked config (`_load_config`, `_check_config`), so bad
+    input fails here with the experiment file named, before any simulated time passes
+    (shared by `run` and `validate`; only `run` may search for a capacity, announcing it
+    and each probe on stderr)."""
+    from lmsim.study.experiment import load_workload_trace
+
+    where = where or str(args.experiment)
     with _about(where):
-        trace = load_workload_trace(
-            config, Path(args.experiment).resolve().parent, capacity=capacity, log=_stderr
-        )
+        trace = load_workload_trace(config, config.source_dir, capacity=capacity, log=_stderr)
     return config, trace
 
 
@@ -105,7 +113,7 @@ def _check_router_view(config, where: str) -> None:
     ]
     for key in view:
         if key not in allowed:
-            raise ConfigError(f"{where}: router.view.{key}: unknown key (keys: {', '.join(allowed)})")
+            raise ConfigError(f"{where}: router.view.{key}: unknown key{suggest(key, allowed, label='keys')}")
     try:
         ViewAdapter(**view)
     except (TypeError, ValueError) as exc:
@@ -170,6 +178,7 @@ def _validate_sweep(args: argparse.Namespace, config) -> int:
     for point in points:
         at = f"{args.experiment} [{point.name}]"
         point_config = validate(point.raw, where=at).from_folder(config.source_dir)
+        _check_config(point_config, at)
         point_config, trace = _prepare(args, point_config, capacity="lookup", where=at)
         requests.add(len(trace))
         load = describe_load(load_resolution(point_config, trace))

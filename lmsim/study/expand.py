@@ -23,8 +23,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lmsim.config import ExperimentConfig, apply_overrides, read_yaml, set_dotted, validate
-from lmsim.errors import LmsimError
+from lmsim.config import (
+    ExperimentConfig,
+    apply_overrides,
+    blame_overrides,
+    read_yaml,
+    set_dotted,
+    validate,
+)
+from lmsim.errors import LmsimError, suggest
 
 MAX_NAME_LEN = 120
 CONNECT_TIMEOUT_S = 5.0
@@ -103,10 +110,9 @@ def check_sweep_key(key: str, *, where: str) -> None:
     for depth, part in enumerate(parts):
         fields = model.model_fields
         if part not in fields:
-            known = ", ".join(fields)
             raise SweepError(
-                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r} "
-                f"(known here: {known})"
+                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r}"
+                f"{suggest(part, fields, label='known here')}"
             )
         annotation = fields[part].annotation
         sub = _model_of(annotation)
@@ -260,7 +266,12 @@ def load_sweep(
 ) -> tuple[dict[str, Any], list[SweepPoint]]:
     """Read an experiment, apply `--set` overrides, expand and validate its sweep."""
     where = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
-    return raw, expand_sweep(raw, where=where)
+    file_raw = read_yaml(path)
+
+    def build(items: list[str]) -> tuple[dict[str, Any], list[SweepPoint]]:
+        raw = apply_overrides(file_raw, items, where=where)
+        return raw, expand_sweep(raw, where=where)
+
+    return blame_overrides(build, list(overrides or []), where=where)
 
 
