@@ -337,15 +337,18 @@ def _run_pool(tasks: list[dict[str, Any]], jobs: int, report: Callable[[dict[str
                 result = {"name": futures[fut], "ok": False, "error": f"worker died: {exc}", "traceback": ""}
             report(result)
     except BaseException:
-        for fut in futures:
-            fut.cancel()
         # Runs in flight are abandoned: kill their workers now rather than wait for them.
-        # (ProcessPoolExecutor has no public way to do this.)
+        # (ProcessPoolExecutor has no public way to do this.) The pending futures are not
+        # cancelled: the pool's manager thread then fails each one with BrokenProcessPool,
+        # and on Python 3.11 it raises InvalidStateError (printed from its thread) for a
+        # future cancelled before it got there (3.12's concurrent/futures/process.py,
+        # terminate_broken, ignores it). Nobody waits on these futures: failing them is
+        # harmless.
         for proc in list(getattr(executor, "_processes", {}).values()):
             proc.terminate()
         for proc in list(getattr(executor, "_processes", {}).values()):
             proc.join(timeout=10)
-        executor.shutdown(wait=False, cancel_futures=True)
+        executor.shutdown(wait=False)
         raise
     executor.shutdown(wait=True)
 
