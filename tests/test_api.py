@@ -201,3 +201,27 @@ def test_a_plugin_returning_a_bad_index_is_one_line(tmp_path: Path, returned: st
         "choose() must return an int from 0 to 15 (the cluster's 16 instances)"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["sweep", "--help"], ["plot", "--help"]])
+def test_startup_imports_no_numeric_or_plotting_library(argv: list[str]) -> None:
+    """Issue 24: `lmsim --version` took 2.2 s because every subcommand module imported
+    pandas and matplotlib to build the parser. Building it (for --version and every --help)
+    now imports none of them; they load when a command runs. (Checked by what is imported,
+    never by wall time.)"""
+    code = (
+        "import sys\nfrom lmsim.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = ('numpy', 'pandas', 'matplotlib', 'pyarrow', 'pydantic', 'simpy', 'scipy')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_capacity_command_states_the_searchs_own_probe_size() -> None:
+    from lmsim.cli.capacity import PROBE_REQUESTS
+    from lmsim.study.capacity import CapacitySearch
+
+    assert PROBE_REQUESTS == CapacitySearch.probe_requests

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 import time
@@ -105,6 +104,8 @@ def _check_router_view(config, where: str) -> None:
     view = dict(config.router.view)
     if not view:
         return
+    import inspect
+
     from lmsim.engine.views import ViewAdapter
 
     allowed = [

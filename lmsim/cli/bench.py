@@ -8,7 +8,6 @@ from typing import Any
 
 from lmsim.cli.options import add_overwrite_option
 from lmsim.outputs import check_output_file, write_text
-from lmsim.study.bench import HEADER, run_bench
 
 
 def register_cli(subparsers: Any) -> None:
@@ -28,6 +27,8 @@ def is_bench_json(path: Path) -> bool:
 
 
 def cmd_bench(args: Any) -> int:
+    from lmsim.study.bench import HEADER, run_bench
+
     if args.json_path:  # refuse now, not after minutes of benchmarking
         check_output_file(args.json_path, overwrite=args.overwrite, ours=is_bench_json, option="--json")
     print("lmsim bench: 16 x Qwen3-30B-A3B/H20, load 0.5; one child process per workload")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsim.viz.compare import compare
-
 
 def cmd_compare(args: Any) -> int:
+    from lmsim.viz.compare import compare
+
     text, written = compare(args.dir, baseline=args.baseline, out=args.out)
     print(text)
     for path in written:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from lmsim.cli.options import add_overwrite_option
-from lmsim.viz.figures import FORMATS, KINDS, make_figures
+from lmsim.outputs import FIGURE_FORMATS as FORMATS
+from lmsim.viz import KINDS
 
 
 def cmd_plot(args: Any) -> int:
+    from lmsim.viz.figures import make_figures
+
     formats = tuple(x.strip() for f in args.format for x in f.split(",") if x.strip()) or FORMATS
     kinds = [x.strip() for k in args.kind for x in k.split(",") if x.strip()] if args.kind else None
     dirs = args.dir if len(args.dir) > 1 else args.dir[0]

@@ -6,10 +6,11 @@ import sys
 from typing import Any
 
 from lmsim.cli.options import add_overwrite_option
-from lmsim.viz.report import write_report
 
 
 def cmd_report(args: Any) -> int:
+    from lmsim.viz.report import write_report
+
     def warn(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 

@@ -7,11 +7,12 @@ import sys
 from typing import Any
 
 from lmsim.cli.options import add_overwrite_option, add_plugin_option
-from lmsim.study.execute import run_sweep
-from lmsim.study.expand import load_sweep
 
 
 def cmd_sweep(args: Any) -> int:
+    from lmsim.study.execute import run_sweep
+    from lmsim.study.expand import load_sweep
+
     if args.list:
         _raw, points = load_sweep(args.experiment, args.overrides)
         for p in points:

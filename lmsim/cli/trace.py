@@ -13,15 +13,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import RegistryNames, add_overwrite_option
 from lmsim.errors import ConfigError
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
-from lmsim.workload.formats import FORMATS, load_trace
-from lmsim.workload.generators import GENERATORS, generate
-from lmsim.workload.stats import format_stats, trace_stats
-from lmsim.workload.trace import is_canonical_trace
+
+FORMATS = RegistryNames("lmsim.workload.formats", "FORMATS")
+GENERATORS = RegistryNames("lmsim.workload.generators", "GENERATORS")
 
 
 def register_cli(subparsers: Any) -> None:
@@ -30,8 +27,8 @@ def register_cli(subparsers: Any) -> None:
 
     conv = sub.add_parser("convert", help="convert a trace file to canonical Parquet")
     conv.add_argument("input", metavar="IN")
-    conv.add_argument("--format", choices=FORMATS.names(), default=None,
-                      help="input format (default: from the file name or content)")
+    conv.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT",
+                      help="input format: %(choices)s (default: from the file name or content)")
     conv.add_argument("--out", required=True, metavar="OUT.parquet")
     add_overwrite_option(conv, "--out file lmsim did not write")
     conv.add_argument("--skip-bad-rows", action="store_true",
@@ -41,7 +38,7 @@ def register_cli(subparsers: Any) -> None:
 
     st = sub.add_parser("stats", help="print a trace's request, length, arrival and prefix-reuse statistics")
     st.add_argument("trace", metavar="TRACE", help="a trace file or a bundled trace's name (lmsim list traces)")
-    st.add_argument("--format", choices=FORMATS.names(), default=None)
+    st.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT", help="%(choices)s")
     st.add_argument("--skip-bad-rows", action="store_true")
     st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     st.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -49,14 +46,14 @@ def register_cli(subparsers: Any) -> None:
 
     pl = sub.add_parser("plot", help="arrival rate over time and length CDFs")
     pl.add_argument("trace", metavar="TRACE")
-    pl.add_argument("--format", choices=FORMATS.names(), default=None)
+    pl.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT", help="%(choices)s")
     pl.add_argument("--out", default=None, metavar="PNG",
                     help="default: the trace's name + .png in the working directory")
     add_overwrite_option(pl, "--out file lmsim did not draw")
     pl.set_defaults(func=cmd_plot)
 
     gen = sub.add_parser("generate", help="write a synthetic trace")
-    gen.add_argument("name", choices=GENERATORS.names())
+    gen.add_argument("name", choices=GENERATORS, metavar="NAME", help="generator: %(choices)s")
     gen.add_argument("--param", action="append", default=[], metavar="K=V",
                      help="generator parameter (YAML value), repeatable")
     gen.add_argument("--seed", type=int, required=True)
@@ -88,6 +85,7 @@ def trace_path(arg: str) -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from lmsim.workload.convert import convert_trace
     from lmsim.workload.formats import infer_format
+    from lmsim.workload.trace import is_canonical_trace
 
     if not str(args.out).endswith(".parquet"):
         raise ConfigError(f"{args.out}: --out must name a .parquet file (the canonical trace format)")
@@ -110,6 +108,9 @@ def _jsonable(v: Any) -> Any:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from lmsim.workload.formats import load_trace
+    from lmsim.workload.stats import format_stats, trace_stats
+
     trace = load_trace(trace_path(args.trace), format=args.format, skip_bad_rows=args.skip_bad_rows,
                        progress=not args.no_progress)
     stats = trace_stats(trace)
@@ -127,6 +128,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from lmsim.workload.formats import load_trace
 
     # Beside the trace would be inside the installed package for a bundled one.
     out = Path(args.out) if args.out else Path(Path(args.trace).stem + ".png")
@@ -157,6 +160,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
+    import yaml
+
     params: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -172,6 +177,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from lmsim.workload.generators import generate
+    from lmsim.workload.trace import is_canonical_trace
+
     check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
     trace = generate(args.name, parse_params(args.param), seed=args.seed)
     trace.save(args.out)
@@ -181,6 +189,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from lmsim.workload.compare import compare, format_comparison, session_samples, split_tolerance
+    from lmsim.workload.formats import load_trace
 
     if args.splits < 1:
         raise ConfigError(f"--splits must be >= 1, got {args.splits}")
