@@ -29,6 +29,11 @@ class ProfileError(LmsimError):
     """A cost profile is missing, malformed or inconsistent."""
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 run`, `2 runs`: a count with its noun agreeing (messages and reports)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def suggest(name: str, known: Iterable[str], *, label: str = "known") -> str:
     """The tail of an "unknown name" message: `; did you mean 'x'?` for the closest of
     `known` (when one is close), then ` (label: a, b, ...)`."""

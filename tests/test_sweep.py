@@ -411,3 +411,16 @@ def test_validate_checks_every_sweep_point(tmp_path: Path, capsys) -> None:
     assert "[router.policy=vllm,router.params.lambda=0.5]: router.params: policy 'vllm' has no parameter 'lambda'" in (
         capsys.readouterr().err
     )
+
+
+def test_one_run_is_one_run_in_every_message(tmp_path: Path, capsys) -> None:
+    """Issue 24: "1 runs"."""
+    from lmsim.cli import main
+
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0]}))
+    assert main(["sweep", str(exp), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert main(["report", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "sweep tiny: 1 run, 0 already complete" in out and "sweep: 1/1 run complete" in out
+    assert "1 run;" in (tmp_path / "s/report.html").read_text()
+    assert "1 runs" not in out

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from lmsim.cli.options import add_overwrite_option, add_plugin_option
+from lmsim.errors import counted
 
 
 def cmd_sweep(args: Any) -> int:
@@ -25,7 +26,7 @@ def cmd_sweep(args: Any) -> int:
     )  # fmt: skip
     complete = len(outcome.skipped) + len(outcome.executed)
     print(
-        f"sweep: {complete}/{len(outcome.points)} runs complete ({len(outcome.executed)} ran now, "
+        f"sweep: {complete}/{counted(len(outcome.points), 'run')} complete ({len(outcome.executed)} ran now, "
         f"{len(outcome.skipped)} skipped as complete, {len(outcome.failed)} failed); index {outcome.index}"
     )
     if outcome.failed:

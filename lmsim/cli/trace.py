@@ -136,10 +136,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     check_output_file(out, overwrite=args.overwrite, ours=is_signed_figure)
     trace = load_trace(trace_path(args.trace), format=args.format)
     fig, (ax_rate, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4))
-    t = trace.arrival_s - trace.arrival_s[0]
-    bins = np.arange(0, max(t[-1], 60) + 60, 60)
-    counts, edges = np.histogram(t, bins=bins)
-    ax_rate.step(edges[:-1] / 60, counts, where="post")
+    edges, per_minute = arrivals_per_minute(trace.arrival_s)
+    ax_rate.stairs(per_minute, edges / 60)
     ax_rate.set_xlabel("minute")
     ax_rate.set_ylabel("requests per minute")
     ax_rate.set_title("arrival rate")
@@ -157,6 +155,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     plt.close(fig)
     print(f"wrote {out}")
     return 0
+
+
+def arrivals_per_minute(arrival_s: Any) -> tuple[Any, Any]:
+    """(edges in s from the first arrival, requests per minute in each bin): whole minutes,
+    then the last, partial one up to the last arrival, its count divided by its own length
+    (30 requests in its 30 s are 60 per minute, not the 30 a whole-minute bin would show as
+    a drop at the end of every trace). A trace of one instant is one bin of one minute."""
+    import numpy as np
+
+    t = np.asarray(arrival_s, dtype=float) - float(arrival_s[0])
+    end = float(t[-1]) if len(t) and t[-1] > 0 else 60.0
+    edges = np.append(np.arange(0.0, end, 60.0), end)
+    counts, _ = np.histogram(t, bins=edges)
+    return edges, counts * 60.0 / np.diff(edges)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsim.config import ExperimentConfig, validate
+from lmsim.errors import counted
 from lmsim.study.expand import SweepError, SweepPoint, base_config, load_sweep, point_config
 from lmsim.study.index import INDEX_FILE, read_spec_points, write_index, write_spec
 from lmsim.study.rundir import (
@@ -466,14 +467,14 @@ def run_sweep(
             _resolve_capacities(todo)
             where = "Dask " + (scheduler or "LocalCluster") if executor == "dask" else f"local pool (-j {jobs})"
             print(
-                f"sweep {first.name}: {len(points)} runs, {len(outcome.skipped)} already complete, "
+                f"sweep {first.name}: {counted(len(points), 'run')}, {len(outcome.skipped)} already complete, "
                 f"{len(todo)} to run on {where}; output {out_dir}"
                 + (f" ({default} holds another configuration's runs or files, kept)" if out_given != default else "")
-                + (f"; {len(outcome.stale)} finished runs of another configuration are replaced (--overwrite)"
+                + (f"; {counted(len(outcome.stale), 'finished run')} of another configuration replaced (--overwrite)"
                    if outcome.stale else "")
-                + (f"; {len(outcome.removed)} runs of points it no longer has removed (--overwrite)"
+                + (f"; {counted(len(outcome.removed), 'run')} of points it no longer has removed (--overwrite)"
                    if outcome.removed else "")
-                + (f"; {len(outcome.earlier)} runs of an earlier, longer sweep kept in the index"
+                + (f"; {counted(len(outcome.earlier), 'run')} of an earlier, longer sweep kept in the index"
                    if outcome.earlier else ""),
                 flush=True,
             )

@@ -17,7 +17,7 @@ import pandas as pd
 
 from lmsim.outputs import save_figure
 from lmsim.study.rundir import COMPARE_FILES, check_output_dir, write_kind_marker
-from lmsim.viz.axes import set_scale
+from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis
 from lmsim.viz.figures import FORMATS
 from lmsim.viz.runs import PlotError, RunSet
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
@@ -110,7 +110,7 @@ def format_text(table: pd.DataFrame, formats: dict[str, str]) -> str:
 
 def plot_compare_cdf(data: RunSet) -> plt.Figure:
     """TTFT, TPOT and E2E CDFs (ms), every run overlaid, labelled by its differences."""
-    metrics = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("e2e_s", "E2E (ms)"))
+    metrics = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     seen: dict[str, int] = {}
     for _, row in data.index.iterrows():
@@ -128,13 +128,12 @@ def plot_compare_cdf(data: RunSet) -> plt.Figure:
                         ls=VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)], label=data.diff_label(row))  # fmt: skip
     for ax, (_, name) in zip(axes, metrics):
         xs = [line.get_xdata() for line in ax.get_lines()]
-        set_scale(ax, "x", np.concatenate(xs) if xs else np.array([]))
-        ax.set_xlabel(name)
+        ax.set_xlabel(f"{name} ({latency_axis(ax, 'x', np.concatenate(xs) if xs else np.array([]))})")
         ax.set_ylabel("CDF")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     # Below the panels: labels name every difference and may be long.
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=7, ncol=1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=LEGEND_FONTSIZE, ncol=1)
     fig.suptitle(data.title(data.index), fontsize=10)
     return fig
 

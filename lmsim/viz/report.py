@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from lmsim.errors import LmsimError
+from lmsim.errors import LmsimError, counted
 from lmsim.outputs import (
     SIGNATURE,
     check_output_file,
@@ -123,7 +123,7 @@ def _section(paths: list[Path], title: str) -> str:
     data = RunSet(paths if len(paths) > 1 else paths[0])
     anchor = html.escape(title)
     parts = [f'<h2 id="{anchor}">{anchor}</h2>', f"<p>{html.escape(data.title(data.index))}; "
-             f"{len(data.index)} run(s); rows name what differs: "
+             f"{counted(len(data.index), 'run')}; rows name what differs: "
              f"{html.escape(', '.join(data.keys) or 'nothing')}</p>"]  # fmt: skip
     kinds = supported_kinds(data)
     drawn = _drawn_figures(paths, kinds)
