@@ -243,3 +243,26 @@ def test_rerun_after_plot_and_report_replaces_the_run_with_what_lmsim_drew_from_
     assert "holds files lmsim did not write (.notes)" in capsys.readouterr().err
     assert (out / ".notes").read_text() == "mine"
     assert (out / "figures/cdf.png").exists()
+
+
+def test_sweep_resume_and_overwrite_after_plot_and_report(tmp_path, capsys):
+    """The loop on a sweep: sweep -> plot (the sweep's and one run's) -> report -> the same
+    sweep (resumed, nothing rerun) -> the sweep with a changed config and --overwrite (its
+    runs replaced, the figures drawn inside a run going with it)."""
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
+    out = tmp_path / "s"
+    sweep = ["sweep", str(exp), "--out", str(out), "--no-progress"]
+    assert main(sweep) == 0
+    assert main(["plot", str(out)]) == 0
+    assert main(["plot", str(out / "workload.rate=2.0")]) == 0
+    assert main(["report", str(out)]) == 0
+    capsys.readouterr()
+    assert main(sweep) == 0
+    assert "2 already complete, 0 to run" in capsys.readouterr().out
+    assert main([*sweep, "--set", "seed=1"]) == 2
+    assert "2 finished runs were made from another configuration" in capsys.readouterr().err
+    assert main([*sweep, "--set", "seed=1", "--overwrite"]) == 0
+    assert "0 already complete, 2 to run" in capsys.readouterr().out
+    assert not (out / "workload.rate=2.0/figures").exists()
+    assert (out / "figures/cdf.png").exists() and (out / "report.html").exists()
+    assert main(["report", str(out)]) == 0
