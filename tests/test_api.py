@@ -224,4 +224,4 @@ def test_the_capacity_command_states_the_searchs_own_probe_size() -> None:
     from lmsim.cli.capacity import PROBE_REQUESTS
     from lmsim.study.capacity import CapacitySearch
 
-    assert PROBE_REQUESTS == CapacitySearch.probe_requests
+    assert CapacitySearch.probe_requests == PROBE_REQUESTS
