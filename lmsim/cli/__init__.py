@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmsim._version import __version__
-from lmsim.cli.options import PLUGIN_HELP, add_overwrite_option, add_plugin_option
+from lmsim.cli.options import COMMANDS, PLUGIN_HELP, add_overwrite_option, add_plugin_option
 from lmsim.errors import ConfigError, InvariantError, LmsimError, suggest
 
 
@@ -297,21 +297,10 @@ def format_summary(name: str, s: dict) -> str:
     return "\n".join(lines)
 
 
-# Modules that add subcommands through `register_cli(subparsers)`.
-COMMAND_MODULES = (
-    "lmsim.cli.profile",
-    "lmsim.cli.trace",
-    "lmsim.cli.capacity",
-    "lmsim.cli.sweep",
-    "lmsim.cli.plot",
-    "lmsim.cli.report",
-    "lmsim.cli.compare",
-    "lmsim.cli.bench",
-    "lmsim.cli.listing",
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser. With `argv`, only the command modules one of whose commands `argv`
+    names are loaded; the others' commands are listed by name and help alone (COMMANDS), so
+    building the parser for `--version` or `--help` imports no command module."""
     parser = argparse.ArgumentParser(prog="lmsim", description="LLM serving cluster simulator")
     parser.add_argument("--version", action="version", version=f"lmsim {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -319,12 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
-    for module in COMMAND_MODULES:
-        if importlib.util.find_spec(module) is None:
-            continue  # a command family not built yet
-        register = getattr(importlib.import_module(module), "register_cli", None)
-        if register is not None:
-            register(sub)
+    named = None if argv is None else set(argv)
+    loaded: set[str] = set()
+    for name, (module, summary) in COMMANDS.items():
+        if named is not None and not any(c in named for c, (m, _) in COMMANDS.items() if m == module):
+            sub.add_parser(name, help=summary, add_help=False)  # listed; its module loads when named
+        elif module not in loaded:
+            loaded.add(module)
+            if importlib.util.find_spec(module) is not None:  # else a command family not built yet
+                importlib.import_module(module).register_cli(sub)
     return parser
 
 
@@ -344,7 +336,7 @@ def _experiment_paths(given: str | list[str]) -> str | list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if hasattr(args, "experiment"):
         args.experiment = _experiment_paths(args.experiment)

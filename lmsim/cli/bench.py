@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.outputs import check_output_file, write_text
+from lmsim.study.bench import HEADER, run_bench
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench", help="measure simulator speed and memory on fixed workloads")
+    p = subparsers.add_parser("bench", help=command_help("bench"))
     p.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes in all)")
     p.add_argument("--profile", action="store_true", help="add a cProfile breakdown per workload")
     p.add_argument("--json", dest="json_path", help="write the table as JSON records")
@@ -27,8 +28,6 @@ def is_bench_json(path: Path) -> bool:
 
 
 def cmd_bench(args: Any) -> int:
-    from lmsim.study.bench import HEADER, run_bench
-
     if args.json_path:  # refuse now, not after minutes of benchmarking
         check_output_file(args.json_path, overwrite=args.overwrite, ours=is_bench_json, option="--json")
     print("lmsim bench: 16 x Qwen3-30B-A3B/H20, load 0.5; one child process per workload")

@@ -5,23 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import add_plugin_option
-from lmsim.data import BUNDLED_CAPACITIES, check_source_checkout
+from lmsim.cli.options import add_plugin_option, command_help
+from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
-
-BUNDLED_PATH = BUNDLED_CAPACITIES  # the shipped capacities (a test points it elsewhere)
-
-# The search's own default (lmsim.study.capacity.CapacitySearch, which imports numpy), named
-# here so the parser is built without it; tests/test_api.py checks the two agree.
-PROBE_REQUESTS = 8000
+from lmsim.study.bundle import bundle_experiments
+from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, resolve_capacity
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
+    p = subparsers.add_parser("capacity", help=command_help("capacity"))
     p.add_argument("experiment", nargs="+", help="experiment YAML(s); several only with --bundle")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--probe-requests", type=int, default=PROBE_REQUESTS,
-                   help=f"requests replayed per probe (default {PROBE_REQUESTS})")
+    p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
     p.add_argument("--no-cache", action="store_true", help="ignore and do not update the cache")
     p.add_argument("--bundle", action="store_true",
                    help="measure every load point of the experiments (sweeps expanded) and record "
@@ -36,8 +31,6 @@ def register_cli(subparsers: Any) -> None:
 
 def cmd_capacity(args: Any) -> int:
     from lmsim.config import load_experiment
-    from lmsim.study.bundle import bundle_experiments
-    from lmsim.study.capacity import CapacitySearch, resolve_capacity
     from lmsim.study.experiment import load_workload_trace, workload_identity
 
     if args.refresh and not args.bundle:

@@ -10,15 +10,17 @@ import shutil
 import textwrap
 from typing import Any
 
+from lmsim.cli.options import command_help
+
 KINDS = ("experiments", "profiles", "traces", "policies", "generators")
 
 
 def register_cli(subparsers: Any) -> None:
-    lst = subparsers.add_parser("list", help="list what ships: experiments, profiles, traces, policies, generators")
+    lst = subparsers.add_parser("list", help=command_help("list"))
     lst.add_argument("what", choices=KINDS, help="which names to list")
     lst.set_defaults(func=cmd_list)
 
-    pol = subparsers.add_parser("policies", help="routing policies with their parameters; NAME: one in full")
+    pol = subparsers.add_parser("policies", help=command_help("policies"))
     pol.add_argument("name", nargs="?", help="print this policy's whole description")
     pol.set_defaults(func=cmd_policies)
 

@@ -1,13 +1,9 @@
-"""Options several subcommands share, spelled and documented once, and what keeps building
-the parser cheap: `lmsim --version` and every `--help` build it, so no command module may
-import numpy, pandas, matplotlib or pydantic at its top; registry names offered as
-`choices` are read only when an argument is checked (`RegistryNames`)."""
+"""Options several subcommands share, spelled and documented once, and the table of
+commands the top-level parser lists."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from collections.abc import Iterator
 
 PLUGIN_HELP = ("import MODULE (a module name, searched in the working directory first, or a .py "
                "path) before running, so the policies it registers can be used; repeatable")
@@ -25,23 +21,24 @@ def add_overwrite_option(parser: argparse.ArgumentParser, what: str) -> None:
                              "anything it did not write)")
 
 
-class RegistryNames:
-    """The names of a plug-in registry as argparse `choices`, read when argparse first
-    checks a value or prints this command's help (importing the registry's module then),
-    not when the parser is built. Give the argument a `metavar`: without one argparse
-    lists the choices while building the parser."""
+# Every command but `run` and `validate` (lmsim.cli itself): the module that registers it
+# (`register_cli(subparsers)`) and its one-line help. The top-level parser lists each from
+# here; a module, and the libraries it imports (pandas, matplotlib, ...), is loaded only when
+# one of its commands is on the command line, so `lmsim --version` and `lmsim --help` take a
+# tenth of a second whatever a command module imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("lmsim.cli.profile", "step-cost profiles: generate, show, plot, fit"),
+    "trace": ("lmsim.cli.trace", "convert, inspect, plot and generate traces"),
+    "capacity": ("lmsim.cli.capacity", "find the maximum sustainable arrival rate"),
+    "sweep": ("lmsim.cli.sweep", "run every point of an experiment's sweep: block (resumable)"),
+    "plot": ("lmsim.cli.plot", "draw figures from saved run and sweep directories"),
+    "report": ("lmsim.cli.report", "write one self-contained report.html from saved results"),
+    "compare": ("lmsim.cli.compare", "compare saved runs: one table, ratios to a baseline, CDFs"),
+    "bench": ("lmsim.cli.bench", "measure simulator speed and memory on fixed workloads"),
+    "list": ("lmsim.cli.listing", "list what ships: experiments, profiles, traces, policies, generators"),
+    "policies": ("lmsim.cli.listing", "routing policies with their parameters; NAME: one in full"),
+}
 
-    def __init__(self, module: str, registry: str) -> None:
-        self.module, self.registry = module, registry
 
-    def _names(self) -> list[str]:
-        return getattr(importlib.import_module(self.module), self.registry).names()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
+def command_help(name: str) -> str:
+    return COMMANDS[name][1]

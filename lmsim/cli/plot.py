@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option
-from lmsim.outputs import FIGURE_FORMATS as FORMATS
-from lmsim.viz import KINDS
+from lmsim.cli.options import add_overwrite_option, command_help
+from lmsim.viz.figures import FORMATS, KINDS, make_figures
 
 
 def cmd_plot(args: Any) -> int:
-    from lmsim.viz.figures import make_figures
-
     formats = tuple(x.strip() for f in args.format for x in f.split(",") if x.strip()) or FORMATS
     kinds = [x.strip() for k in args.kind for x in k.split(",") if x.strip()] if args.kind else None
     dirs = args.dir if len(args.dir) > 1 else args.dir[0]
@@ -22,7 +19,7 @@ def cmd_plot(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("plot", help="draw figures from saved run and sweep directories")
+    p = subparsers.add_parser("plot", help=command_help("plot"))
     p.add_argument("dir", nargs="+", help="run directories and/or sweep directories (with sweep.parquet)")
     p.add_argument("--kind", action="append", default=[], metavar="K",
                    help=f"figure kind, repeatable or comma-separated: {', '.join(KINDS)} "

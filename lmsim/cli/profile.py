@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.data import PROFILES_DIR, check_source_checkout
 from lmsim.errors import ProfileError
 from lmsim.outputs import check_output_file, is_signed_figure
-
-if TYPE_CHECKING:
-    from lmsim.profile.tables import TableCostModel
+from lmsim.profile.analytic import (
+    DATA_POINTS,
+    SHIPPED,
+    AnalyticModel,
+    decode_step_seconds,
+    evaluate_point,
+    fit_report,
+    prefill_seconds,
+    split_name,
+    tabulate,
+)
+from lmsim.profile.tables import (
+    TABLE_FILES,
+    TableCostModel,
+    is_profile_dir,
+    load_table_profile,
+    write_profile,
+)
 
 
 def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="step-cost profiles: generate, show, plot, fit")
+    p = subparsers.add_parser("profile", help=command_help("profile"))
     sub = p.add_subparsers(dest="profile_command", required=True)
 
     g = sub.add_parser("generate", help="regenerate profile tables from the analytic model")
@@ -72,26 +86,17 @@ def register_cli(subparsers) -> None:
     val.set_defaults(func=cmd_validate)
 
 
+PROFILE_FILES = ("profile.yaml", *TABLE_FILES.values(), "plot.png")
+
+
 def check_profile_dir(out_dir: Path, *, overwrite: bool) -> None:
     """A profile folder may be written when it is new, empty or an lmsim profile; the files
     of another folder are replaced only with --overwrite."""
-    from lmsim.profile.tables import TABLE_FILES, is_profile_dir
-
-    for name in ("profile.yaml", *TABLE_FILES.values(), "plot.png"):
+    for name in PROFILE_FILES:
         check_output_file(out_dir / name, overwrite=overwrite, ours=lambda p: is_profile_dir(p.parent))
 
 
 def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
-    from lmsim.profile.analytic import (
-        DATA_POINTS,
-        AnalyticModel,
-        evaluate_point,
-        fit_report,
-        split_name,
-        tabulate,
-    )
-    from lmsim.profile.tables import TableCostModel, write_profile
-
     split_name(name, where="--only")
     analytic = AnalyticModel.named(name)
     data = tabulate(analytic)
@@ -121,8 +126,6 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lmsim.profile.analytic import SHIPPED, split_name
-
     names = [args.only] if args.only else SHIPPED
     if args.out is None:
         check_source_checkout(PROFILES_DIR, "profile generate")
@@ -151,8 +154,6 @@ def _prefill_off_grid(model: TableCostModel, tokens: int, cached: int, budget: i
 
 
 def format_show(model: TableCostModel) -> str:
-    from lmsim.profile.analytic import decode_step_seconds, prefill_seconds
-
     d = model.data
     hw, mf, mem = d.meta["hardware"], d.meta["model"], d.meta["memory"]
     lines = [f"profile {model.name}  ({d.source})", ""]
@@ -213,15 +214,12 @@ def format_show(model: TableCostModel) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from lmsim.profile.tables import load_table_profile
-
     print(format_show(load_table_profile(args.name)))
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from lmsim.profile.plot import plot_profile
-    from lmsim.profile.tables import load_table_profile
 
     model = load_table_profile(args.name)
     out = args.out or Path(f"{model.name.replace('/', '-')}.png")
@@ -232,7 +230,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from lmsim.profile.fit import fit_profile
-    from lmsim.profile.tables import TableCostModel, load_table_profile, write_profile
 
     if getattr(args, "spec", None) is not None:
         from lmsim.profile.spec import base_from_spec
@@ -262,8 +259,6 @@ def _write_new_profile(data, out: Path) -> Path:
     import shutil
     import tempfile
 
-    from lmsim.profile.tables import write_profile
-
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ProfileError(f"{out}: --out exists and is not an empty folder; choose a new one")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +275,6 @@ def _write_new_profile(data, out: Path) -> Path:
 
 
 def cmd_import_vidur(args: argparse.Namespace) -> int:
-    from lmsim.profile.tables import TableCostModel
     from lmsim.profile.vidur import import_vidur
 
     data = import_vidur(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
+from lmsim.viz.report import write_report
 
 
 def cmd_report(args: Any) -> int:
-    from lmsim.viz.report import write_report
-
     def warn(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
@@ -19,7 +18,7 @@ def cmd_report(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("report", help="write one self-contained report.html from saved results")
+    p = subparsers.add_parser("report", help=command_help("report"))
     p.add_argument("dir", nargs="+", help="a sweep, a run, a folder of them (searched at any depth, e.g. runs), "
                    "or several runs/sweeps")
     p.add_argument("--out", help="output file (default: DIR/report.html; required with several DIRs)")

@@ -6,14 +6,13 @@ import signal
 import sys
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option, add_plugin_option
+from lmsim.cli.options import add_overwrite_option, add_plugin_option, command_help
 from lmsim.errors import counted
+from lmsim.study.execute import run_sweep
+from lmsim.study.expand import load_sweep
 
 
 def cmd_sweep(args: Any) -> int:
-    from lmsim.study.execute import run_sweep
-    from lmsim.study.expand import load_sweep
-
     if args.list:
         _raw, points = load_sweep(args.experiment, args.overrides)
         for p in points:
@@ -40,7 +39,7 @@ def cmd_sweep(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("sweep", help="run every point of an experiment's sweep: block (resumable)")
+    p = subparsers.add_parser("sweep", help=command_help("sweep"))
     p.add_argument("experiment", help="experiment YAML with a sweep: block")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field before expansion (repeatable)")

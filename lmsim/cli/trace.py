@@ -13,22 +13,26 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import RegistryNames, add_overwrite_option
+import numpy as np
+import yaml
+
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.errors import ConfigError
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
-
-FORMATS = RegistryNames("lmsim.workload.formats", "FORMATS")
-GENERATORS = RegistryNames("lmsim.workload.generators", "GENERATORS")
+from lmsim.workload.formats import FORMATS, load_trace
+from lmsim.workload.generators import GENERATORS, generate
+from lmsim.workload.stats import format_stats, trace_stats
+from lmsim.workload.trace import is_canonical_trace
 
 
 def register_cli(subparsers: Any) -> None:
-    trace = subparsers.add_parser("trace", help="convert, inspect, plot and generate traces")
+    trace = subparsers.add_parser("trace", help=command_help("trace"))
     sub = trace.add_subparsers(dest="trace_command", required=True)
 
     conv = sub.add_parser("convert", help="convert a trace file to canonical Parquet")
     conv.add_argument("input", metavar="IN")
-    conv.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT",
-                      help="input format: %(choices)s (default: from the file name or content)")
+    conv.add_argument("--format", choices=FORMATS.names(), default=None,
+                      help="input format (default: from the file name or content)")
     conv.add_argument("--out", required=True, metavar="OUT.parquet")
     add_overwrite_option(conv, "--out file lmsim did not write")
     conv.add_argument("--skip-bad-rows", action="store_true",
@@ -38,7 +42,7 @@ def register_cli(subparsers: Any) -> None:
 
     st = sub.add_parser("stats", help="print a trace's request, length, arrival and prefix-reuse statistics")
     st.add_argument("trace", metavar="TRACE", help="a trace file or a bundled trace's name (lmsim list traces)")
-    st.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT", help="%(choices)s")
+    st.add_argument("--format", choices=FORMATS.names(), default=None)
     st.add_argument("--skip-bad-rows", action="store_true")
     st.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     st.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -46,14 +50,14 @@ def register_cli(subparsers: Any) -> None:
 
     pl = sub.add_parser("plot", help="arrival rate over time and length CDFs")
     pl.add_argument("trace", metavar="TRACE")
-    pl.add_argument("--format", choices=FORMATS, default=None, metavar="FORMAT", help="%(choices)s")
+    pl.add_argument("--format", choices=FORMATS.names(), default=None)
     pl.add_argument("--out", default=None, metavar="PNG",
                     help="default: the trace's name + .png in the working directory")
     add_overwrite_option(pl, "--out file lmsim did not draw")
     pl.set_defaults(func=cmd_plot)
 
     gen = sub.add_parser("generate", help="write a synthetic trace")
-    gen.add_argument("name", choices=GENERATORS, metavar="NAME", help="generator: %(choices)s")
+    gen.add_argument("name", choices=GENERATORS.names())
     gen.add_argument("--param", action="append", default=[], metavar="K=V",
                      help="generator parameter (YAML value), repeatable")
     gen.add_argument("--seed", type=int, required=True)
@@ -85,7 +89,6 @@ def trace_path(arg: str) -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from lmsim.workload.convert import convert_trace
     from lmsim.workload.formats import infer_format
-    from lmsim.workload.trace import is_canonical_trace
 
     if not str(args.out).endswith(".parquet"):
         raise ConfigError(f"{args.out}: --out must name a .parquet file (the canonical trace format)")
@@ -108,9 +111,6 @@ def _jsonable(v: Any) -> Any:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from lmsim.workload.formats import load_trace
-    from lmsim.workload.stats import format_stats, trace_stats
-
     trace = load_trace(trace_path(args.trace), format=args.format, skip_bad_rows=args.skip_bad_rows,
                        progress=not args.no_progress)
     stats = trace_stats(trace)
@@ -127,9 +127,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
-    from lmsim.workload.formats import load_trace
 
     # Beside the trace would be inside the installed package for a bundled one.
     out = Path(args.out) if args.out else Path(Path(args.trace).stem + ".png")
@@ -162,8 +159,6 @@ def arrivals_per_minute(arrival_s: Any) -> tuple[Any, Any]:
     then the last, partial one up to the last arrival, its count divided by its own length
     (30 requests in its 30 s are 60 per minute, not the 30 a whole-minute bin would show as
     a drop at the end of every trace). A trace of one instant is one bin of one minute."""
-    import numpy as np
-
     t = np.asarray(arrival_s, dtype=float) - float(arrival_s[0])
     end = float(t[-1]) if len(t) and t[-1] > 0 else 60.0
     edges = np.append(np.arange(0.0, end, 60.0), end)
@@ -172,8 +167,6 @@ def arrivals_per_minute(arrival_s: Any) -> tuple[Any, Any]:
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
-    import yaml
-
     params: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -189,9 +182,6 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lmsim.workload.generators import generate
-    from lmsim.workload.trace import is_canonical_trace
-
     check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
     trace = generate(args.name, parse_params(args.param), seed=args.seed)
     trace.save(args.out)
@@ -201,7 +191,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from lmsim.workload.compare import compare, format_comparison, session_samples, split_tolerance
-    from lmsim.workload.formats import load_trace
 
     if args.splits < 1:
         raise ConfigError(f"--splits must be >= 1, got {args.splits}")

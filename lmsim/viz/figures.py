@@ -37,12 +37,12 @@ from lmsim.outputs import (
     save_figure,
 )
 from lmsim.study.index import RATE_KEYS
-from lmsim.viz import KINDS
 from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis, panel_title, set_scale, wants_log
 from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
+KINDS = ("cdf", "rate", "param", "error", "hotspot")
 FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
