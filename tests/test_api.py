@@ -169,17 +169,22 @@ def test_a_loaded_config_remembers_its_yaml_folder(tmp_path: Path, monkeypatch) 
     assert config.model_dump_json() == lmsim.load_experiment(copied).model_dump_json()
 
 
-def test_api_runs_carry_capacity_and_load_like_cli_runs(tmp_path: Path) -> None:
+def test_api_runs_carry_capacity_and_load_like_cli_runs(tmp_path: Path, monkeypatch) -> None:
     """Issue 24: runs made through the API lacked capacity_req_s, capacity_source,
-    load_rate_req_s and load in summary.json. traces/chatbot: load 0.5 of the shipped
-    68.8 req/s = 34.4 req/s, as `lmsim run traces/chatbot` prints."""
-    results = lmsim.run("traces/chatbot", {"workload.limit": 30}, out=tmp_path / "r")
-    for summary in (results.summary, json.loads((tmp_path / "r/summary.json").read_text())):
-        assert summary["load"] == 0.5
-        assert summary["capacity_source"] == "shipped"
-        assert summary["capacity_req_s"] == pytest.approx(68.8, rel=0.01)
-        assert summary["load_rate_req_s"] == pytest.approx(34.4, rel=0.01)
-    assert (tmp_path / "r/config.yaml").read_text().startswith("# workload.load 0.5 resolved to")
+    load_rate_req_s and load in summary.json. traces/chatbot at load 0.5 of its shipped
+    capacity: the API's run says what `lmsim run` says, and 0.5 x capacity = arrival rate."""
+    from lmsim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    results = lmsim.run("traces/chatbot", {"workload.limit": 30}, out=tmp_path / "api")
+    assert main(["run", "traces/chatbot", "--set", "workload.limit=30", "--out", "cli", "--no-figure"]) == 0
+    cli = json.loads((tmp_path / "cli/summary.json").read_text())
+    keys = ("load", "capacity_req_s", "capacity_source", "load_rate_req_s")
+    for summary in (results.summary, json.loads((tmp_path / "api/summary.json").read_text())):
+        assert {k: summary[k] for k in keys} == {k: cli[k] for k in keys}
+        assert summary["load"] == 0.5 and summary["capacity_source"] == "shipped"
+        assert summary["load_rate_req_s"] == pytest.approx(0.5 * summary["capacity_req_s"])
+    assert (tmp_path / "api/config.yaml").read_text().startswith("# workload.load 0.5 resolved to")
 
 
 @pytest.mark.parametrize(("returned", "shown"), [("99", "99"), ("-1", "-1"), ("None", "None"), ("1.0", "1.0")])

@@ -116,7 +116,9 @@ def test_as_text_treats_missing_values_alike() -> None:
 
 def test_a_runs_own_cdf_names_policy_and_load_in_the_policys_colour(tmp_path: Path, monkeypatch) -> None:
     """Issue 24: a run's cdf.png named neither policy nor load and was always blue.
-    traces/chatbot under lmetric: load 0.5 of the shipped 68.8 req/s = 34.4 req/s."""
+    traces/chatbot under lmetric at load 0.5: the title gives the arrival rate it resolved to."""
+    import json
+
     from matplotlib.colors import to_hex
 
     import lmsim.viz.run_cdf as run_cdf
@@ -128,7 +130,8 @@ def test_a_runs_own_cdf_names_policy_and_load_in_the_policys_colour(tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     assert main(["run", "traces/chatbot", "--set", "workload.limit=40", "--set", "router.policy=lmetric"]) == 0
     (fig,) = drawn
-    assert fig._suptitle.get_text() == "trace-chatbot: lmetric, load 50% of capacity (34.4 req/s)"
+    rate = json.loads((tmp_path / "runs/traces/chatbot/summary.json").read_text())["load_rate_req_s"]
+    assert fig._suptitle.get_text() == f"trace-chatbot: lmetric, load 50% of capacity ({rate:.3g} req/s)"
     for ax in fig.axes:
         (line,) = ax.get_lines()
         assert to_hex(line.get_color()) == policy_style("lmetric").color
