@@ -26,7 +26,7 @@ def elsewhere(tmp_path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize(("what", "expected"), [
     ("experiments", ["quickstart ", "traces/chatbot ", "paper/fig22 ", "sweep: TTFT/TPOT CDFs of all policies"]),
-    ("profiles", ["h20/qwen3-30b-a3b ", "Qwen3-30B-A3B on NVIDIA H20"]),
+    ("profiles", ["h20/qwen3-30b-a3b ", " on NVIDIA H20 96GB"]),
     ("traces", ["kimi_conversation_sample ", "1,000 requests (kimi_conversation_sample.parquet)"]),
     ("policies", ["lmetric ", "vllm "]),
     ("generators", ["chatbot ", "Multi-turn chat sessions.", "coder "]),
