@@ -9,14 +9,26 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from lmsim.errors import ConfigError
+from lmsim.errors import ConfigError, LmsimError, suggest
 from lmsim.profile.base import LinearCostModel
+
+T = TypeVar("T")
 
 
 class _Strict(BaseModel):
@@ -195,8 +207,31 @@ class ExperimentConfig(_Strict):
         None, description="repeat every sweep point once per seed (sets `seed`)"
     )
 
+    # The folder of the YAML this config was read from, where its relative paths (a trace)
+    # are looked up. Private: not a field, so never serialized, dumped into config.yaml or
+    # digested, and not compared (two reads of the same content are equal).
+    _source_dir: Path | None = PrivateAttr(None)
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @property
+    def source_dir(self) -> Path | None:
+        """The (absolute) folder of the YAML this config was read from; None when it was
+        built in code. `model_copy` keeps it."""
+        return self._source_dir
+
+    def from_folder(self, folder: str | Path | None) -> ExperimentConfig:
+        """This config, remembering `folder` as where its YAML was (see source_dir)."""
+        self._source_dir = Path(folder).resolve() if folder is not None else None
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExperimentConfig):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # params are dicts: never hashable
 
 
 _LINEAR_FIELDS = tuple(
@@ -235,17 +270,48 @@ def _parse_value(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], *, where: str) -> dict[str, Any]:
-    """Apply `dotted.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    """Apply `dotted.key=value` overrides (values parsed as YAML) to a raw config dict; a
+    malformed one is reported as its `--set` argument."""
     out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"{where}: --set {item!r}: expected dotted.key=value")
+            raise ConfigError(f"--set {item}: expected dotted.key=value")
         key, text = item.split("=", 1)
-        set_dotted(out, key.strip(), _parse_value(text), where=where)
+        set_dotted(out, key.strip(), _parse_value(text), where="", label=f"--set {item}")
     return out
 
 
-def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None:
+def blame_overrides(build: Callable[[list[str]], T], overrides: list[str], *, where: str) -> T:
+    """`build(overrides)`, with an error that the `--set` arguments caused named after the
+    first of them that makes `build` fail ("--set cluster.num_gpu=8: unknown key"), not
+    after the YAML file (`where`), which is named only for its own errors."""
+    try:
+        return build(overrides)
+    except LmsimError as exc:
+        if not overrides:
+            raise
+        error = exc
+    for n in range(len(overrides)):
+        try:
+            build(overrides[:n])
+        except LmsimError as exc:
+            if n == 0:  # the file alone fails: the file's error, as without overrides
+                raise error from None
+            raise type(exc)(_naming_set(str(exc), where, overrides[n - 1])) from None
+    raise type(error)(_naming_set(str(error), where, overrides[-1])) from None
+
+
+def _naming_set(message: str, where: str, item: str) -> str:
+    if message.startswith("--set "):
+        return message
+    key = item.split("=", 1)[0].strip()
+    rest = message.removeprefix(f"{where}: ").removeprefix(f"{key}: ")
+    return f"--set {item}: {rest}"
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str, label: str | None = None) -> None:
+    """Set a dotted key, creating mappings on the way; errors name `label` (a --set
+    argument), else `where: key`."""
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
@@ -254,9 +320,22 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None
             child = {}
             node[part] = child
         if not isinstance(child, dict):
-            raise ConfigError(f"{where}: {key}: {part} is not a mapping")
+            raise ConfigError(f"{label or f'{where}: {key}'}: {part} is not a mapping")
         node = child
     node[parts[-1]] = value
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The schema's keys at a dotted location (`("cluster",)` -> ClusterConfig's fields)."""
+    model: Any = ExperimentConfig
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        annotation = field.annotation if field is not None else None
+        model = next((a for a in (annotation, *typing.get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)  # fmt: skip
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
 def _format_validation_error(exc: ValidationError, where: str) -> str:
@@ -265,7 +344,7 @@ def _format_validation_error(exc: ValidationError, where: str) -> str:
     msg = err["msg"]
     kind = err["type"]
     if kind == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + suggest(str(err["loc"][-1]), _fields_at(err["loc"][:-1]), label="keys")
     elif kind == "value_error":
         # our own validators: the message is already written for the user
         msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
@@ -294,7 +373,15 @@ def validate(raw: Any, *, where: str) -> ExperimentConfig:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: experiment file not found")
+        if path.suffix in (".yaml", ".yml"):
+            raise ConfigError(f"{path}: experiment file not found")
+        from lmsim.data import bundled_experiment_names
+
+        # A bare name was meant as a bundled experiment: say which there are.
+        raise ConfigError(
+            f"{path}: experiment file not found, nor a bundled experiment "
+            f"({', '.join(bundled_experiment_names())}; `lmsim list experiments` describes them)"
+        )
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not an experiment file")
     try:
@@ -318,16 +405,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_experiment(
-    path: str | Path, overrides: list[str] | None = None
+    path: str | Path, overrides: list[str] | None = None,
+    check: Callable[[ExperimentConfig, str], None] | None = None,
 ) -> tuple[ExperimentConfig, dict[str, Any]]:
-    """Read, override and validate an experiment. Relative file paths in the YAML are
-    resolved against the YAML's folder, then the working directory. Returns the config and
-    the raw (overridden) dict."""
+    """Read, override and validate an experiment (and `check(config, where)` it: the
+    command line's checks of policy, view and profile). An error the `--set` overrides
+    caused names the `--set` argument, others the file. Relative file paths in the YAML
+    are resolved against the working directory, then the YAML's folder. Returns the config
+    and the raw (overridden) dict."""
     where = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
-    _prefer_overridden_source(raw, overrides or [])
-    config = validate(raw, where=where)
-    return config, raw
+    file_raw = read_yaml(path)
+
+    def build(items: list[str]) -> tuple[ExperimentConfig, dict[str, Any]]:
+        raw = apply_overrides(file_raw, items, where=where)
+        _prefer_overridden_source(raw, items)
+        config = validate(raw, where=where).from_folder(Path(path).parent)
+        if check is not None:
+            check(config, where)
+        return config, raw
+
+    return blame_overrides(build, list(overrides or []), where=where)
 
 
 def _prefer_overridden_source(raw: dict[str, Any], overrides: list[str]) -> None:

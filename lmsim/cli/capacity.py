@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import add_plugin_option
+from lmsim.cli.options import add_plugin_option, command_help
 from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
 from lmsim.study.bundle import bundle_experiments
@@ -13,7 +13,7 @@ from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, resolve_capacity
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
+    p = subparsers.add_parser("capacity", help=command_help("capacity"))
     p.add_argument("experiment", nargs="+", help="experiment YAML(s); several only with --bundle")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)

@@ -18,6 +18,7 @@ import simpy
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex
 from lmsim.engine.request import Request
+from lmsim.errors import PolicyError
 from lmsim.policies.base import Policy
 
 
@@ -143,8 +144,13 @@ class Router:
         choice = self.policy.choose(request, view)
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
-        if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(self.instances):
-            raise RuntimeError(f"policy {self.policy.registry_name} chose invalid instance {choice!r}")
+        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < len(self.instances):
+            n = len(self.instances)
+            raise PolicyError(
+                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
+                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
+                f"(the cluster's {n} instances)"
+            )
         choice = int(choice)
         request.routed_at = now
         request.instance_id = choice

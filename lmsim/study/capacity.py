@@ -19,7 +19,8 @@ Sustainability criterion (documented in the README): a rate is sustainable when
 At an overloaded rate the backlog grows over the run, so TTFT grows and the drain takes
 far longer than any single request; below capacity TTFT is flat and the drain is short.
 
-Results are cached in `~/.cache/lmsim/capacity.json` and shipped for the bundled
+Results are cached in `cache_path()` (`$XDG_CACHE_HOME/lmsim/capacity.json`, by default
+`~/.cache/lmsim/capacity.json`) and shipped for the bundled
 experiments in `experiments/capacity.json` (`lmsim capacity --bundle EXP ...` adds them).
 The key is a digest of what DEFINES the measurement, never of the generated numbers (whose
 last bits may differ between numpy builds): the workload's identity (generator name,
@@ -49,7 +50,17 @@ from lmsim.errors import ConfigError
 from lmsim.workload.scaling import mean_rate, scale_to_rate
 from lmsim.workload.trace import Trace
 
-CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
+
+def cache_path() -> Path:
+    """The user's capacity cache: `$XDG_CACHE_HOME/lmsim/capacity.json`, or
+    `~/.cache/lmsim/capacity.json` when XDG_CACHE_HOME is unset or not absolute (the XDG
+    base directory specification ignores a relative one). Read at each use, so the
+    environment of the command that runs decides."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / "lmsim" / "capacity.json"
+
+
 BUNDLED_PATH = BUNDLED_CAPACITIES
 CRITERION_VERSION = 4
 
@@ -212,14 +223,16 @@ def cache_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _read_cache(path: Path = CACHE_PATH) -> dict[str, Any]:
+def _read_cache(path: Path | None = None) -> dict[str, Any]:
+    path = path or cache_path()
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, value: dict[str, Any], path: Path = CACHE_PATH) -> None:
+def _write_cache(key: str, value: dict[str, Any], path: Path | None = None) -> None:
+    path = path or cache_path()
     cache = _read_cache(path)
     cache[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,7 +320,7 @@ def resolve_capacity(
     if use_cache:
         _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
     if log is not None:
-        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {CACHE_PATH})" if use_cache else ""))
+        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {cache_path()})" if use_cache else ""))
     return Capacity(lo, "searched", key, probes)
 
 

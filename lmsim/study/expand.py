@@ -23,8 +23,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lmsim.config import ExperimentConfig, apply_overrides, read_yaml, set_dotted, validate
-from lmsim.errors import LmsimError
+from lmsim.config import (
+    ExperimentConfig,
+    apply_overrides,
+    blame_overrides,
+    read_yaml,
+    set_dotted,
+    validate,
+)
+from lmsim.errors import LmsimError, suggest
 
 MAX_NAME_LEN = 120
 CONNECT_TIMEOUT_S = 5.0
@@ -103,10 +110,9 @@ def check_sweep_key(key: str, *, where: str) -> None:
     for depth, part in enumerate(parts):
         fields = model.model_fields
         if part not in fields:
-            known = ", ".join(fields)
             raise SweepError(
-                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r} "
-                f"(known here: {known})"
+                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r}"
+                f"{suggest(part, fields, label='known here')}"
             )
         annotation = fields[part].annotation
         sub = _model_of(annotation)
@@ -181,6 +187,22 @@ def _unset_dotted(raw: dict[str, Any], key: str) -> None:
         node.pop(parts[-1], None)
 
 
+def base_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The experiment without its sweep definition: what every point starts from."""
+    return {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+
+
+def point_config(base: dict[str, Any], params: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """A point's raw config: `base` with each swept key set (or, for None, unset)."""
+    point_raw = copy.deepcopy(base)
+    for key, value in params.items():
+        if value is None:
+            _unset_dotted(point_raw, key)
+        else:
+            set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
+    return point_raw
+
+
 def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
     """Every point of the experiment's sweep, validated, in expansion order (the first axis
     varies slowest). An experiment without `sweep:` is one point named `default`; `seeds: [...]`
@@ -191,7 +213,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
         raise SweepError(f"{where}: sweep: expected a mapping of dotted keys to lists")
     if not isinstance(zips, list):
         raise SweepError(f"{where}: zip: expected a list of key groups")
-    base = {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+    base = base_config(raw)
     for key in sweep:
         check_sweep_key(str(key), where=where)
     axes = _axes(sweep, zips, where=where)
@@ -213,13 +235,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
             # Two points sanitise to the same name ("a/b" vs "a-b"): disambiguate both by a
             # hash of the exact values, which keeps each name stable across reruns.
             name = f"{name[: MAX_NAME_LEN - 9]}~{_digest(json.dumps(combo, sort_keys=True, default=str))}"
-        point_raw = copy.deepcopy(base)
-        for key, value in combo.items():
-            if value is None:
-                _unset_dotted(point_raw, key)
-            else:
-                set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
-        points.append(SweepPoint(name, combo, point_raw))
+        points.append(SweepPoint(name, combo, point_config(base, combo, where=where)))
     if len({p.name for p in points}) != len(points):
         raise SweepError(f"{where}: sweep: two points have identical values")
     _validate_points(points, where=where)
@@ -250,7 +266,12 @@ def load_sweep(
 ) -> tuple[dict[str, Any], list[SweepPoint]]:
     """Read an experiment, apply `--set` overrides, expand and validate its sweep."""
     where = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
-    return raw, expand_sweep(raw, where=where)
+    file_raw = read_yaml(path)
+
+    def build(items: list[str]) -> tuple[dict[str, Any], list[SweepPoint]]:
+        raw = apply_overrides(file_raw, items, where=where)
+        return raw, expand_sweep(raw, where=where)
+
+    return blame_overrides(build, list(overrides or []), where=where)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from lmsim.outputs import save_figure
-from lmsim.study.rundir import check_output_dir, write_kind_marker
-from lmsim.viz.axes import set_scale
+from lmsim.study.rundir import COMPARE_FILES, check_output_dir, write_kind_marker
+from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis
 from lmsim.viz.figures import FORMATS
 from lmsim.viz.runs import PlotError, RunSet
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
@@ -33,10 +33,9 @@ OTHER_COLUMNS = (
     ("prefix_hit_ratio", "hit ratio", "{:.3f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
 )
-TABLE_FILE = "compare.csv"
-TEXT_FILE = "compare.txt"
+TABLE_FILE, TEXT_FILE = "compare.csv", "compare.txt"  # named in study.rundir.COMPARE_FILES
 CDF_STEM = "cdf"
-COMPARE_FILES = frozenset({TABLE_FILE, TEXT_FILE, "lmsim.json", *(f"{CDF_STEM}.{f}" for f in FORMATS)})
+COMPARE_DIR_FILES = COMPARE_FILES | {f"{CDF_STEM}.{f}" for f in FORMATS}
 
 
 def metric_columns() -> list[tuple[str, str, str]]:
@@ -72,13 +71,19 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
 
 
 def _baseline_run(data: RunSet, baseline: str) -> str:
+    """The run `--baseline` names: its label in the index, its row label in the printed
+    table (`policy=vllm`), or its directory."""
     if baseline in set(data.index["run"]):
         return baseline
+    labels = {data.diff_label(row): row["run"] for _, row in data.index.iterrows()}
+    if baseline in labels:
+        return labels[baseline]
     wanted = Path(baseline).resolve()
     for run in data.index["run"]:
         if data.run_dir(run).resolve() == wanted:
             return run
-    raise PlotError(f"--baseline {baseline}: not one of the compared runs (give its directory)")
+    raise PlotError(f"--baseline {baseline}: not one of the compared runs "
+                    f"(give its directory or its row label: {', '.join(labels)})")  # fmt: skip
 
 
 def format_table(table: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
@@ -105,7 +110,7 @@ def format_text(table: pd.DataFrame, formats: dict[str, str]) -> str:
 
 def plot_compare_cdf(data: RunSet) -> plt.Figure:
     """TTFT, TPOT and E2E CDFs (ms), every run overlaid, labelled by its differences."""
-    metrics = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("e2e_s", "E2E (ms)"))
+    metrics = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     seen: dict[str, int] = {}
     for _, row in data.index.iterrows():
@@ -123,13 +128,12 @@ def plot_compare_cdf(data: RunSet) -> plt.Figure:
                         ls=VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)], label=data.diff_label(row))  # fmt: skip
     for ax, (_, name) in zip(axes, metrics):
         xs = [line.get_xdata() for line in ax.get_lines()]
-        set_scale(ax, "x", np.concatenate(xs) if xs else np.array([]))
-        ax.set_xlabel(name)
+        ax.set_xlabel(f"{name} ({latency_axis(ax, 'x', np.concatenate(xs) if xs else np.array([]))})")
         ax.set_ylabel("CDF")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     # Below the panels: labels name every difference and may be long.
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=7, ncol=1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=LEGEND_FONTSIZE, ncol=1)
     fig.suptitle(data.title(data.index), fontsize=10)
     return fig
 
@@ -138,7 +142,7 @@ def write_compare(data: RunSet, table: pd.DataFrame, text: str, out: str | os.Pa
     """Write the table (CSV and text) and the overlaid CDFs into `out`, a new directory or
     one `lmsim compare` wrote before (nothing else is replaced)."""
     out_dir = Path(out)
-    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_FILES)
+    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_DIR_FILES)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_kind_marker(out_dir, "compare")
     written = []

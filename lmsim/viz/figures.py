@@ -29,15 +29,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from lmsim.outputs import check_output_file, is_signed_figure, save_figure
+from lmsim.outputs import (
+    FIGURE_DIR_MARKER,
+    FIGURE_FORMATS,
+    check_output_file,
+    is_signed_figure,
+    save_figure,
+)
 from lmsim.study.index import RATE_KEYS
-from lmsim.viz.axes import panel_title, set_scale
+from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis, panel_title, set_scale, wants_log
 from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot")
-FORMATS = ("png", "svg", "pdf")
+FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
 __all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
@@ -113,12 +119,24 @@ def _cdf_curves(data: RunSet, runs: pd.DataFrame, metric: str) -> tuple[np.ndarr
 
 # -- kinds -------------------------------------------------------------------------------
 
-_CDF_METRICS = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"))
+_CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 
 
 def _legend(ax: Any, data: RunSet, **kw: Any) -> None:
     title = "mean of seeds, 95% CI" if data.has_seeds() else None
-    ax.legend(fontsize=7, title=title, title_fontsize=7, **kw)
+    ax.legend(fontsize=LEGEND_FONTSIZE, title=title, title_fontsize=LEGEND_FONTSIZE, **kw)
+
+
+def _latency_axes(panels: list[tuple[Any, int, str, np.ndarray]], axis: str) -> None:
+    """Scale each latency panel (axes, column, label, data in ms): ms or s by its own data,
+    and one scale type per column, so a metric is not linear in one row and logarithmic
+    in the next (log where any row of the column spans decades)."""
+    log = {}
+    for _, column, _, values in panels:
+        log[column] = log.get(column, False) or wants_log(values)
+    for ax, column, label, values in panels:
+        unit = latency_axis(ax, axis, values, log=log[column])
+        (ax.set_xlabel if axis == "x" else ax.set_ylabel)(f"{label} ({unit})")
 
 
 def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) -> plt.Figure:
@@ -128,9 +146,10 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
     facets = data.facets()
     fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
                              squeeze=False)  # fmt: skip
+    panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
-        for ax, (metric, name) in zip(row_axes, metrics):
+        for column, (ax, (metric, name)) in enumerate(zip(row_axes, metrics)):
             plotted = []
             for label, runs in _series(data, frame):
                 x, y, half = _cdf_curves(data, runs, metric)
@@ -141,19 +160,19 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
                 if half is not None:
                     ax.fill_betweenx(y, np.maximum(x - half, 0.0), x + half, color=color, alpha=0.2, lw=0)
                 plotted.append(x)
-            set_scale(ax, "x", np.concatenate(plotted) if plotted else np.array([]))
-            ax.set_xlabel(name)
+            panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.set_ylabel("CDF")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             panel_title(ax, title)
         _legend(row_axes[-1], data, loc="lower right")
+    _latency_axes(panels, "x")
     fig.tight_layout()
     return fig
 
 
-_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
-                   ("tpot_s_mean", "mean TPOT (ms)"), ("tpot_s_p99", "P99 TPOT (ms)"))  # fmt: skip
+_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT"), ("ttft_s_p99", "P99 TTFT"),
+                   ("tpot_s_mean", "mean TPOT"), ("tpot_s_p99", "P99 TPOT"))  # fmt: skip
 
 
 def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
@@ -161,9 +180,10 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
     with seeds, the mean over seeds and a 95% confidence band."""
     facets = data.facets(exclude=exclude)
     fig, axes = plt.subplots(len(facets), 4, figsize=(15, 3.0 * len(facets)), squeeze=False)
+    panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
-        for ax, (metric, name) in zip(row_axes, _LATENCY_PANELS):
+        for column, (ax, (metric, name)) in enumerate(zip(row_axes, _LATENCY_PANELS)):
             plotted = []
             for label, lines in _series(data, frame):
                 grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
@@ -182,14 +202,14 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
                     ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
                                     color=color, alpha=0.2, lw=0)  # fmt: skip
                 plotted.append(stats["mean"].to_numpy())
-            set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+            panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
-            ax.set_ylabel(name)
             ax.grid(alpha=0.3)
             panel_title(ax, title, width=45)
         # Beside the row, not on it: lines fill every corner of these panels somewhere.
         _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    _latency_axes(panels, "y")
     fig.tight_layout()
     return fig
 
@@ -299,7 +319,7 @@ def plot_error(data: RunSet) -> plt.Figure:
     ax.set_ylabel("CDF")
     ax.axvline(0.2, color="grey", lw=0.8, ls="--")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=LEGEND_FONTSIZE)
     fig.tight_layout()
     return fig
 
@@ -385,7 +405,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
             ax.axvline(start / 60.0, color="darkorange", lw=1.2, label="alarm raised" if i == 0 else None)
         set_scale(ax, "y", np.concatenate([(x / (1 - x)).to_numpy(), (m / (n - m)).to_numpy()]))
         ax.set_title("(a) the class that raised the alarm (shaded: alarm on)", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND_FONTSIZE)
     else:
         ax.text(0.02, 0.5, "the detector raised no alarm", transform=ax.transAxes, fontsize=9)
         ax.set_title("(a) hotspot ratios of the alarming class", fontsize=9)
@@ -395,7 +415,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     ax.set_ylabel("ratio")
     ax.grid(alpha=0.3)
     styles = _line_style(data, same)
-    panels = ((axes[1], "ttft_s", "mean TTFT (ms)", "(b)"), (axes[2], "tpot_s", "mean TPOT (ms)", "(c)"))
+    panels = ((axes[1], "ttft_s", "mean TTFT", "(b)"), (axes[2], "tpot_s", "mean TPOT", "(c)"))
     for a, metric, name, tag in panels:
         plotted = []
         for label, runs_of in _series(data, same):
@@ -405,11 +425,10 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
                 color, marker, ls = styles[label]
                 a.plot(per_min.index + 0.5, per_min.to_numpy(), color=color, marker=marker, ls=ls, ms=3, label=label)
                 plotted.append(per_min.to_numpy())
-        set_scale(a, "y", np.concatenate(plotted) if plotted else np.array([]))
-        a.set_ylabel(name)
+        a.set_ylabel(f"{name} ({latency_axis(a, 'y', np.concatenate(plotted) if plotted else np.array([]))})")
         a.set_title(f"{tag} {name} per arrival minute", fontsize=9)
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend(fontsize=LEGEND_FONTSIZE)
     axes[2].set_xlabel("minute of the run")
     fig.suptitle(data.title(same), fontsize=10)
     fig.tight_layout()
@@ -483,15 +502,12 @@ def make_figures(
     return written
 
 
-FIGURE_MARKER = ".lmsim-figures"
-
-
 def _check_figure_dir(out_dir: Path, names: list[str]) -> None:
     """Figures replace only files lmsim wrote: a same-named file in a directory lmsim did
     not create (no marker) is the user's, and the command stops before writing anything."""
-    if out_dir.is_dir() and not (out_dir / FIGURE_MARKER).exists():
+    if out_dir.is_dir() and not (out_dir / FIGURE_DIR_MARKER).exists():
         clashes = [n for n in names if (out_dir / n).exists()]
         if clashes:
             raise PlotError(f"{out_dir}: {clashes[0]} exists and was not written by lmsim; choose another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / FIGURE_MARKER).touch()
+    (out_dir / FIGURE_DIR_MARKER).touch()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ from lmsim.errors import LmsimError
 from lmsim.study.expand import format_value
 from lmsim.study.index import INDEX_FILE, RATE_KEYS, SPEC_FILE, _offered_rate, read_index
 from lmsim.study.rundir import COMPLETE_MARKER, is_complete
+from lmsim.viz.titles import load_words, model_words, trace_words
 
 # Config fields that name or place a run, or only check it: they never distinguish results.
 IGNORED_KEYS = ("name", "description", "output.dir", "output.figures", "simulation.check", "sweep", "zip")
 SEED_KEY = "seed"
-TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
-               "hotspot": "Hotspot", "conversation": "Conversation"}  # fmt: skip
 
 
 class PlotError(LmsimError):
@@ -90,34 +88,6 @@ def fmt(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return repr(value)
     return format_value(value)
-
-
-def model_words(profile: Any) -> str:
-    """'h20/qwen3-30b-a3b' -> 'Qwen3-30B-A3B on H20'."""
-    if isinstance(profile, str) and "/" in profile:
-        gpu, model = profile.split("/", 1)
-        model = "-".join(p.upper() if re.fullmatch(r"[a-z]?\d+(\.\d+)?[bm]", p) else p for p in model.split("-"))
-        model = re.sub(r"^qwen", "Qwen", re.sub(r"^llama", "Llama", model))
-        return f"{model} on {gpu.upper()}"
-    return str(profile)
-
-
-def trace_words(config: dict[str, Any]) -> str:
-    name = config.get("workload.generator.name")
-    if name:
-        return TRACE_NAMES.get(str(name), str(name))
-    trace = config.get("workload.trace")
-    return Path(str(trace)).stem if trace else "workload"
-
-
-def load_words(config: dict[str, Any]) -> str | None:
-    if config.get("workload.load") is not None:
-        return f"load {100 * float(config['workload.load']):.0f}% of capacity"
-    if config.get("workload.rate") is not None:
-        return f"{float(config['workload.rate']):g} req/s"
-    if config.get("workload.time_scale") is not None:
-        return f"time scale ×{float(config['workload.time_scale']):g}"
-    return None
 
 
 def _in_spec_order(root: Path, frame: pd.DataFrame) -> pd.DataFrame:
