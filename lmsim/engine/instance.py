@@ -17,6 +17,7 @@ from itertools import accumulate
 
 import simpy
 
+from lmsim.config import PoolSpec
 from lmsim.engine.clock import STEP_END, WAKE, schedule_at
 from lmsim.engine.request import Request
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
@@ -32,9 +33,11 @@ class Instance:
         instance_id: int,
         scheduler: InstanceScheduler,
         on_step_end: StepListener,
+        pool: PoolSpec | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
+        self.pool = pool  # the pool it belongs to (name, role, engine settings)
         self.scheduler = scheduler
         self._on_step_end = on_step_end
         self._plan: StepPlan | None = None

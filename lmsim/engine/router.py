@@ -24,12 +24,22 @@ from lmsim.policies.base import Policy
 class LiveInstanceView:
     """A read-only window on one instance. Reading is side-effect free for the simulation."""
 
-    __slots__ = ("_instance", "_scheduler", "instance_id")
+    __slots__ = (
+        "_instance", "_scheduler", "cost_model", "instance_id", "max_num_batched_tokens", "max_num_seqs",
+        "pool", "role",
+    )
 
     def __init__(self, instance: Instance) -> None:
         self._instance = instance
         self._scheduler = instance.scheduler
         self.instance_id = instance.instance_id
+        # What the instance is, fixed for the run: mixed fleets price each on its own profile.
+        pool = instance.pool
+        self.pool = pool.name if pool is not None else "default"
+        self.role = pool.role if pool is not None else "both"
+        self.cost_model = instance.scheduler.cost_model
+        self.max_num_batched_tokens = instance.scheduler.max_num_batched_tokens
+        self.max_num_seqs = instance.scheduler.max_num_seqs
 
     @property
     def num_running(self) -> int:

@@ -8,6 +8,7 @@ comes from one `numpy.random.SeedSequence(config.seed)` spawned into independent
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from lmsim.config import ExperimentConfig
+from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.instance import Instance
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
@@ -33,15 +34,17 @@ PROGRESS_EVERY = 256  # arrivals between progress callbacks
 
 
 class _Context:
-    """The RouterContext handed to policies (see policies/base.py)."""
+    """The RouterContext handed to policies (see policies/base.py). Its engine facts are the
+    first pool's; each instance view carries its own pool's (mixed fleets)."""
 
     def __init__(self, sim: Simulation, rng: np.random.Generator) -> None:
         cfg = sim.config.cluster
+        first = sim.pools[0].engine
         self._sim = sim
-        self.num_instances = cfg.num_instances
+        self.num_instances = len(sim.instances)
         self.block_size = cfg.block_size
-        self.max_num_batched_tokens = cfg.max_num_batched_tokens
-        self.max_num_seqs = cfg.max_num_seqs
+        self.max_num_batched_tokens = first["max_num_batched_tokens"]
+        self.max_num_seqs = first["max_num_seqs"]
         self.rng = rng
         self.cost_model = sim.cost_model
 
@@ -68,33 +71,49 @@ class Simulation:
         self.trace = trace
         cfg = config.cluster
         self.env = simpy.Environment()
-        self.cost_model = load_cost_model(cfg.profile)
-        self.num_blocks = self._kv_blocks()
-        # vLLM v0 / Vidur: int(fraction * blocks)
-        self.watermark_blocks = int(cfg.watermark_blocks_fraction * self.num_blocks)
+        self.pools = cfg.pool_specs()
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self.router_events: list[dict[str, Any]] = []
-        self.index = GlobalPrefixIndex(cfg.num_instances)
+        self.index = GlobalPrefixIndex(cfg.total_instances)
         self.recorder = Recorder(len(trace), trace.output_tokens)
-        self.max_model_len = cfg.max_model_len or getattr(self.cost_model, "max_model_len", None)
         self.check = config.simulation.check
         self._periodic: list[tuple[float, Callable[[float], None]]] = []
 
         self.instances: list[Instance] = []
-        for i in range(cfg.num_instances):
-            cache = PrefixCache(self.num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
-            scheduler = InstanceScheduler(
-                cache,
-                self.cost_model,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs,
-                long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                enable_prefix_caching=cfg.enable_prefix_caching,
-                fast_forward=config.simulation.fast_forward,
-                admission=cfg.admission,
-                watermark_blocks=self.watermark_blocks,
-            )
-            self.instances.append(Instance(self.env, i, scheduler, self._on_step_end))
+        # One model is served by every pool: its context window is the smallest a pool sets.
+        windows = []
+        models: dict[str, StepCostModel] = {}
+        for pool in self.pools:
+            engine = pool.engine
+            key = json.dumps(engine["profile"], sort_keys=True)
+            if key not in models:
+                models[key] = load_cost_model(engine["profile"])
+            cost_model = models[key]
+            num_blocks = self._kv_blocks(pool, cost_model)
+            # vLLM v0 / Vidur: int(fraction * blocks)
+            watermark = int(engine["watermark_blocks_fraction"] * num_blocks)
+            window = engine["max_model_len"] or getattr(cost_model, "max_model_len", None)
+            if window is not None:
+                windows.append(window)
+            for i in pool.instance_ids:
+                cache = PrefixCache(num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
+                scheduler = InstanceScheduler(
+                    cache,
+                    cost_model,
+                    max_num_batched_tokens=engine["max_num_batched_tokens"],
+                    max_num_seqs=engine["max_num_seqs"],
+                    long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+                    enable_prefix_caching=engine["enable_prefix_caching"],
+                    fast_forward=config.simulation.fast_forward,
+                    admission=engine["admission"],
+                    watermark_blocks=watermark,
+                )
+                self.instances.append(Instance(self.env, i, scheduler, self._on_step_end, pool))
+        first = self.instances[0].scheduler
+        self.cost_model = first.cost_model
+        self.num_blocks = first.cache.num_total_blocks
+        self.watermark_blocks = first.watermark_blocks
+        self.max_model_len = min(windows) if windows else None
 
         seeds = np.random.SeedSequence(config.seed).spawn(2)
         self.policy: Policy = POLICIES.create(
@@ -132,15 +151,14 @@ class Simulation:
         self.last_arrival_s = 0.0
         self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
-    def _kv_blocks(self) -> int:
-        cfg = self.config.cluster
-        if cfg.num_gpu_blocks is not None:
-            return cfg.num_gpu_blocks
-        blocks = self.cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
+    def _kv_blocks(self, pool: PoolSpec, cost_model: StepCostModel) -> int:
+        engine = pool.engine
+        if engine["num_gpu_blocks"] is not None:
+            return engine["num_gpu_blocks"]
+        blocks = cost_model.num_kv_blocks(self.config.cluster.block_size, engine["gpu_memory_utilization"])
         if blocks is None:
-            raise ConfigError(
-                "cluster.num_gpu_blocks: required with a profile that has no memory facts"
-            )
+            field = "cluster.num_gpu_blocks" if self.config.cluster.pools is None else f"cluster.pools.{pool.name}.num_gpu_blocks"
+            raise ConfigError(f"{field}: required with a profile that has no memory facts")
         return blocks
 
     def _view_adapter(self, rng: np.random.Generator) -> Any:
@@ -304,14 +322,17 @@ class Simulation:
         self.router.route(request, now)
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
-        cap = self.config.cluster.max_waiting
+        instance = self.instances[instance_id]
+        cap = instance.pool.engine["max_waiting"]
         bs = self.config.cluster.block_size
+        scheduler = instance.scheduler
+        num_blocks = scheduler.cache.num_total_blocks
         # A request whose final context exceeds the whole KV pool could never finish (vLLM
         # refuses it up front as longer than the model length); queueing it would livelock.
-        too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > self.num_blocks
+        too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > num_blocks
         # under a watermark the whole prompt must fit beside it, or it would wait forever
-        too_long |= -(-request.input_tokens // bs) + self.watermark_blocks > self.num_blocks
-        waiting = self.instances[instance_id].scheduler.num_waiting
+        too_long |= -(-request.input_tokens // bs) + scheduler.watermark_blocks > num_blocks
+        waiting = scheduler.num_waiting
         if too_long or (cap is not None and waiting >= cap):
             self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
             return False

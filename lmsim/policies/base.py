@@ -28,6 +28,11 @@ from lmsim.registry import Registry
 
 class InstanceView(Protocol):
     instance_id: int
+    pool: str  # the pool's name ("default" without cluster.pools)
+    role: str  # both | prefill | decode
+    cost_model: Any  # the instance's own StepCostModel (mixed fleets differ per pool)
+    max_num_batched_tokens: int  # the instance's engine limits
+    max_num_seqs: int
     num_running: int  # R: requests in the running batch, including partial prefills
     num_waiting: int  # Q: requests in the waiting queue
     batch_size: int  # R + Q, the paper's BS
