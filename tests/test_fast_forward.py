@@ -172,3 +172,54 @@ def test_deferred_evictions_are_applied_before_a_refill_of_an_evicted_hash():
     assert evictions == 3
     assert events == 3  # request 0's step, request 1's prefill, one run of 39 decode steps
     assert _cache_after_refilling_an_evicted_block(False)[:3] == (queue, entries, evictions)
+
+
+# -- router views that read instances between step boundaries ----------------------------
+
+
+def _scraped_snapshot(fast_forward: bool) -> dict:
+    """One request (32 prompt tokens, 1,000 outputs) on the linear profile; the router
+    scrapes load every 0.1 s. The prefill step takes 0.010 + 32 x 0.001 = 0.042 s, each
+    decode step 0.010 + 0.0001 = 0.0101 s, so by the scrape at 0.4 s 35 decode steps have
+    completed ((0.4 - 0.042) / 0.0101 = 35.4): 36 tokens sampled, 32 + 36 = 68 tokens in
+    context, and the 36th decode step (started at 0.042 + 35 x 0.0101 = 0.3955 s) has its
+    KV slot: 68 tokens = 5 blocks of 1,000."""
+    config = make_config(
+        router={"policy": "round_robin", "view": {"load_view": "scraped", "scrape_interval_s": 0.1}},
+        simulation={"fast_forward": fast_forward},
+    )
+    simulation = Simulation(config, make_trace([0.0], [32], [1000]))
+    simulation.run(stop_at_s=0.45)
+    return simulation.adapter._snapshots[0]
+
+
+def test_a_scrape_reads_an_instance_brought_up_to_date():
+    on, off = _scraped_snapshot(True), _scraped_snapshot(False)
+    assert on == off
+    assert on["total_tokens"] == on["decode_context_tokens"] == 68
+    assert on["num_free_blocks"] == 1000 - 5
+
+
+def _kv_event_log(fast_forward: bool) -> list[tuple[int, bool, float]]:
+    """Request 0 (32 prompt tokens = blocks 1, 2; 40 outputs) is continued by request 1,
+    whose ids name its output blocks 3 and 4. Its prompt blocks are stored when the prefill
+    step is scheduled and published when that step ends (vLLM `Scheduler.update_from_output`
+    takes the KV cache manager's events and publishes them): 0.042 s. Output block 3 (tokens
+    32-47) fills in the decode step that computes position 47, decode step 16, which ends
+    at 0.042 + 16 x 0.0101 = 0.2036 s; block 4 in decode step 32, ending at 0.3652 s. Those
+    decode steps are one fast-forwarded run applied when it ends (0.4359 s), which must not
+    change their stamps."""
+    config = make_config(simulation={"fast_forward": fast_forward})
+    trace = make_trace([0.0, 10.0], [32, 80], [40, 1], [[1, 2], [1, 2, 3, 4, 5]], parent_id=[-1, 0])
+    simulation = Simulation(config, trace)
+    log: list[tuple[int, bool, float]] = []
+    simulation.policy.ctx.subscribe_kv_events(lambda i, h, stored, t: log.append((h, stored, t)))
+    simulation.run(stop_at_s=1.0)
+    return log
+
+
+def test_kv_events_carry_the_time_their_step_published_them():
+    on, off = _kv_event_log(True), _kv_event_log(False)
+    assert on == off
+    assert [(h, stored) for h, stored, _ in on] == [(1, True), (2, True), (3, True), (4, True)]
+    assert [t for *_, t in on] == pytest.approx([0.042, 0.042, 0.2036, 0.3652], abs=1e-12)

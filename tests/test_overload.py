@@ -164,3 +164,50 @@ def test_a_drain_limit_that_never_bites_changes_nothing():
     free = simulate(trace)
     limited = simulate(trace, simulation={"drain_limit_s": 50.0})
     assert limited.summary["sim_time_s"] == free.summary["sim_time_s"]
+
+
+def test_the_drain_limit_fires_while_a_follow_up_waits_on_an_unfinished_request():
+    """Request 0 decodes 100,000 tokens (about 1,000 s; its 6,257 blocks fit in 7,000);
+    request 1 follows it. The drain
+    limit of 5 s after the last arrival (request 0 at 0 s) stops the run at 5 s: request 0
+    is unfinished and its follow-up never arrives. A follow-up waiting on its predecessor
+    used to keep the limit from firing."""
+    r = simulate(
+        make_trace([0.0, 0.0], [100, 100], [100_000, 10], after_id=[-1, 0], delay_s=[0.0, 1.0]),
+        cluster={"num_gpu_blocks": 7000},
+        simulation={"drain_limit_s": 5.0},
+    )
+    assert statuses(r) == ["unfinished", "not_arrived"]
+    assert r.summary["sim_time_s"] == 5.0
+
+
+def test_a_resumed_request_that_no_longer_fits_beside_the_watermark_is_rejected():
+    """vLLM v0 (`BlockSpaceManager.can_allocate` says NEVER when total blocks - required <
+    watermark; `Scheduler._schedule_prefills` marks the group FINISHED_IGNORED and moves on).
+
+    20 blocks, watermark 0.3 x 20 = 6. B (16-token prompt, 1 block) and A (208 tokens, 13
+    blocks) arrive together: B needs 1 + 6 <= 20, A 13 + 6 <= 19; both prefill in step 0.
+    Each needs a new block at decode steps 1, 17, 33 (B at positions 16, 32, 48; A at 208,
+    224, 240): after step 33 B holds 4 and A 16, all 20. At step 49 B needs its 5th, none is
+    free, and A, the newest, is preempted with 49 tokens sampled: 208 + 49 = 257 tokens = 17
+    blocks, and 17 + 6 > 20, so it can never be admitted again. It is rejected when it heads
+    the waiting queue at step 50, planned at 0.234 + 48 x 0.0102 + 0.0101 = 0.7337 s (prefill
+    0.010 + 224 x 0.001 s, two decodes 0.0102 s, one 0.0101 s); B finishes alone. It used
+    to wait forever while the idle instance planned empty steps."""
+    r = simulate(
+        make_trace([0.0, 0.0], [16, 208], [100, 100]),
+        cluster={
+            "num_gpu_blocks": 20,
+            "admission": "whole_prompt_watermark",
+            "watermark_blocks_fraction": 0.3,
+        },
+        simulation={"drain_limit_s": 100.0},
+    )
+    assert statuses(r) == ["finished", "rejected"]
+    a = r.requests.iloc[1]
+    assert a.reject_reason == "resume_exceeds_kv_cache"
+    assert a.num_preemptions == 1
+    assert a.first_token_at == pytest.approx(0.234)
+    assert r.summary["num_rejected_resume_exceeds_kv_cache"] == 1
+    # B: prefill 0.234, 48 decode steps beside A (0.0102), then 51 alone (0.0101)
+    assert r.requests.finished_at.iloc[0] == pytest.approx(0.234 + 48 * 0.0102 + 51 * 0.0101)

@@ -9,7 +9,12 @@ For every generated scenario, with every invariant checked after every step
   and every request fits in the KV pool on its own); a quarter of the scenarios add a queue
   cap or a short drain limit, and then every request is accounted for as finished,
   rejected, unfinished or (a closed-loop successor that was never released) not arrived;
-* fast-forward on and off give identical requests tables.
+* fast-forward on and off give identical requests tables, under every router view: the
+  router may read the instances through an approximate prefix index, through KV events
+  published with a delay, or through load scraped periodically, and a periodic scrape or a
+  delayed event must see the same state whether the decode steps before it were stepped
+  one by one or fast-forwarded (outputs up to 300 tokens make long runs for scrapes and
+  events to fall inside).
 
 Requests that cannot fit in the whole pool are rejected by design; that rule has its own
 property below. The quick profiles run in CI (derandomized, so CI is reproducible); the
@@ -45,9 +50,24 @@ PROFILES = {
     "linear_context": {**LINEAR, "per_context_token_s": 1e-6},
     "tiny_tables": TINY_TABLES,
 }
+# What the router knows (`router.view`): exact, the router's own approximate index, KV events
+# delayed or not, load scraped every 10 or 50 ms (inside decode runs of 10 ms steps).
+VIEWS = [
+    {},
+    {"kv_view": "approximate"},
+    {"kv_view": "approximate", "approx_ttl_s": 0.05},
+    {"kv_view": "events", "kv_event_delay_s": 0.0},
+    {"kv_view": "events", "kv_event_delay_s": 0.01},
+    {"kv_view": "events", "kv_event_delay_s": 0.05},
+    {"load_view": "scraped", "scrape_interval_s": 0.01},
+    {"load_view": "scraped", "scrape_interval_s": 0.05},
+    {"kv_view": "events", "kv_event_delay_s": 0.02, "load_view": "scraped", "scrape_interval_s": 0.03},
+]
 # A livelock would advance simulated time forever (every step costs >= 10 ms); the drain
-# limit turns it into unfinished requests, which the assertions report, instead of a hang.
-HANG_GUARD_S = 10_000.0
+# limit turns it into unfinished requests, which the assertions report, instead of a hang
+# (a scenario's work takes well under a minute even when served one request at a time), and
+# the invariant checks refuse an empty step outright.
+HANG_GUARD_S = 600.0
 
 QUICK = settings(
     max_examples=30,
@@ -93,8 +113,10 @@ class Scenario:
     seed: int = 0
     profile: str = "linear"
     admission: str = "first_chunk"
+    watermark_blocks_fraction: float = 0.01
     max_waiting: int | None = None  # None: every request must finish
     drain_limit_s: float = HANG_GUARD_S  # shorter: the run is cut while requests remain
+    view: dict = field(default_factory=dict)  # router.view
 
     @property
     def must_finish_all(self) -> bool:
@@ -143,8 +165,9 @@ class Scenario:
                 "profile": PROFILES[self.profile],
                 "max_waiting": self.max_waiting,
                 "admission": self.admission,
+                "watermark_blocks_fraction": self.watermark_blocks_fraction,
             },
-            router={"policy": self.policy},
+            router={"policy": self.policy, "view": self.view},
             simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
         )
 
@@ -154,7 +177,7 @@ class Scenario:
 
 @st.composite
 def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
-    num_blocks = draw(st.integers(4, 32))
+    num_blocks = draw(st.sampled_from([4, 8, 12, 16, 24, 32, 48]))
     pool_tokens = num_blocks * BS
     num_families = draw(st.integers(1, 3))
     sc = Scenario(
@@ -169,7 +192,13 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         seed=draw(st.integers(0, 3)),
         profile=draw(st.sampled_from(sorted(PROFILES))),
         admission=draw(st.sampled_from(["first_chunk", "first_chunk", "full_sequence", "whole_prompt_watermark"])),
+        view=draw(st.sampled_from(VIEWS)),
     )
+    if sc.admission == "whole_prompt_watermark":
+        # 0.01 leaves no watermark on these small pools; larger ones make a preempted
+        # request's prompt + outputs outgrow the pool beside it
+        sc.watermark_blocks_fraction = draw(st.sampled_from([0.01, 0.1, 0.25, 0.4]))
+    long_outputs = draw(st.booleans())  # up to 300 tokens: long decode runs
     if fit and draw(st.integers(0, 3)) == 0:
         # a quarter of the scenarios also overload: a queue cap and/or a drain limit
         sc.max_waiting = draw(st.sampled_from([None, 1, 3]))
@@ -177,6 +206,9 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
     for i in range(draw(st.integers(1, 12))):
         family = draw(st.integers(-1, num_families - 1))
         limit = min(pool_tokens, 200)
+        if sc.admission == "whole_prompt_watermark":
+            limit = min(limit, (num_blocks - int(sc.watermark_blocks_fraction * num_blocks)) * BS)
+        max_out = 300 if long_outputs else 60
         prev = sc.rows[-1] if sc.rows else None
         # a next turn re-sends the previous prompt and answer, plus a little
         continues = (
@@ -185,16 +217,17 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         )
         if continues:
             inp = draw(st.integers(prev.input_tokens + prev.output_tokens, limit))
-            out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
+            out = draw(st.integers(1, min(pool_tokens - inp + 1, max_out)))
         elif fit:
             # prompt + output - 1 tokens must fit in the pool (the last sampled token is
-            # never stored); anything larger is rejected, tested separately. A prompt
+            # never stored), and under the watermark rule the prompt beside the
+            # watermark; anything larger is rejected, tested separately. A prompt
             # exactly as long as its family prefix gets a capped full hit: the engine
             # recomputes the last block, a duplicate cache entry.
             inp = draw(st.integers(1, limit))
             if family >= 0 and draw(st.integers(0, 3)) == 0:
                 inp = min(sc.family_blocks[family] * BS, limit)
-            out = draw(st.integers(1, min(pool_tokens - inp + 1, 60)))
+            out = draw(st.integers(1, min(pool_tokens - inp + 1, max_out)))
         else:
             inp = draw(st.integers(1, pool_tokens + 64))
             out = draw(st.integers(1, 60))
@@ -219,11 +252,19 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
     status = list(on.requests.status.astype(str))
     counts = {k: status.count(k) for k in ("finished", "unfinished", "rejected", "not_arrived")}
     assert sum(counts.values()) == n, status
+    # Besides the queue cap, only the watermark rule turns a request away: one preempted
+    # after producing output that no longer fits beside the watermark.
+    reasons = on.requests.reject_reason.astype(object).fillna("-").tolist()
+    ignored = sum(r == "resume_exceeds_kv_cache" for r in reasons)
+    if ignored:
+        assert sc.admission == "whole_prompt_watermark", reasons
     if sc.must_finish_all:
-        assert counts["finished"] == n, status
+        assert counts["finished"] + ignored + counts["not_arrived"] == n, status
+        assert counts["rejected"] == ignored, reasons
+        assert not counts["not_arrived"] or ignored, status
     else:
         if sc.max_waiting is None:
-            assert counts["rejected"] == 0, status
+            assert counts["rejected"] == ignored, status
         if sc.drain_limit_s == HANG_GUARD_S:
             assert counts["unfinished"] == 0, status
     # Only a closed-loop successor may never arrive: its predecessor did not finish, or
@@ -232,6 +273,7 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
     for i, row in enumerate(sc.rows):
         if status[i] == "not_arrived":
             assert i > 0 and row.follows_previous, (i, status)
+            assert status[i - 1] != "rejected" or reasons[i - 1] in ("resume_exceeds_kv_cache", "queue_full")
             if status[i - 1] == "finished":
                 release = finished_at[i - 1] + row.think_ms / 1000
                 assert release >= on.summary["sim_time_s"] - 1e-12, (i, status)
@@ -243,6 +285,7 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
         event(f"preempted: {summary['num_preemptions'] > 0}")
         event(f"evicted: {summary['num_evictions'] > 0}")
         event(f"all finished: {counts['finished'] == n}")
+        event(f"resumed request dropped beside the watermark: {ignored > 0}")
     off = sc.run(fast_forward=False)
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
 
@@ -265,6 +308,7 @@ def test_random_scenarios_long(sc):
 @given(sc=scenarios(policy="round_robin", fit=False))
 def test_requests_larger_than_the_pool_are_rejected_and_only_they(sc):
     sc.num_instances = 1
+    sc.watermark_blocks_fraction = 0.01  # no watermark block on these pools: the pool alone decides
     for row in sc.rows:
         row.follows_previous = False  # a rejected predecessor would hide its successor
     r = sc.run()

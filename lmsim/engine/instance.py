@@ -7,6 +7,12 @@ the instance (the router, the sampler) first calls `materialize()`, which applie
 effects of the steps that have started or completed by now; an arrival additionally
 truncates the run after the step in progress, so the newcomer is considered at the same
 step boundary as in one-by-one stepping.
+
+KV events (a block stored in or evicted from the prefix cache) happen when a step is
+scheduled, but vLLM publishes them only when that step's output is processed
+(`Scheduler.update_from_output` takes the KV cache manager's events and hands them to the
+publisher), so each event is stamped with the end of the step that produced it, whether the
+step was planned on its own or applied lazily inside a run (`KVEventSink`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 
 INF = float("inf")
 StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
+RejectListener = Callable[[Request], None]
+KVEventSink = Callable[[int, int, bool, float], None]  # (instance_id, hash, stored, published at)
+
+
+def materialize_all(instances: list[Instance], now: float) -> None:
+    """Bring every instance's fast-forwarded run up to date with the clock, before anyone
+    reads the instances (a routing decision, a periodic scrape or sample)."""
+    for instance in instances:
+        if now >= instance.next_boundary:
+            instance.materialize()
 
 
 class Instance:
@@ -33,6 +49,7 @@ class Instance:
         instance_id: int,
         scheduler: InstanceScheduler,
         on_step_end: StepListener,
+        on_rejected: RejectListener,
         pool: PoolSpec | None = None,
     ) -> None:
         self.env = env
@@ -40,6 +57,7 @@ class Instance:
         self.pool = pool  # the pool it belongs to (name, role, engine settings)
         self.scheduler = scheduler
         self._on_step_end = on_step_end
+        self._on_rejected = on_rejected
         self._plan: StepPlan | None = None
         self._times: list[float] = []  # boundaries of the planned run: start, end of each step
         self._end_event: simpy.Event | None = None
@@ -50,6 +68,11 @@ class Instance:
         self.num_steps = 0
         self.num_events = 0
         self.busy_time_s = 0.0
+        # Where this instance's KV events go once stamped (None: nobody listens), and the
+        # events of the step being planned, whose end is not known yet.
+        self.kv_sink: KVEventSink | None = None
+        self._planning = False
+        self._kv_unstamped: list[tuple[int, bool]] = []
 
     @property
     def cache(self):
@@ -98,6 +121,27 @@ class Instance:
         chunks = {r.request_id: q for r, q in plan.chunks} if j == 0 else {}
         return max(0.0, times[j + 1] - now), chunks
 
+    # -- KV events -----------------------------------------------------------------------
+
+    def on_kv_event(self, block_hash: int, stored: bool) -> None:
+        """The cache stored or evicted a block while a step was being scheduled; publish it
+        when that step ends."""
+        assert self.kv_sink is not None
+        if self._planning:
+            self._kv_unstamped.append((block_hash, stored))
+            return
+        plan = self._plan
+        assert plan is not None
+        published = self._times[self.scheduler.event_step - plan.start_step + 1]
+        self.kv_sink(self.instance_id, block_hash, stored, published)
+
+    def _publish_planned_events(self) -> None:
+        events, self._kv_unstamped = self._kv_unstamped, []
+        assert self.kv_sink is not None and self._plan is not None
+        published = self._times[1]
+        for block_hash, stored in events:
+            self.kv_sink(self.instance_id, block_hash, stored, published)
+
     # -- the engine loop -----------------------------------------------------------------
 
     def _wake(self, _event: simpy.Event) -> None:
@@ -106,13 +150,22 @@ class Instance:
             self._start_step()
 
     def _start_step(self) -> None:
+        self._planning = True
         plan = self.scheduler.plan(self.env.now)
+        self._planning = False
         self._plan = plan
+        if self.scheduler.rejected:
+            rejected, self.scheduler.rejected = self.scheduler.rejected, []
+            for request in rejected:
+                self._on_rejected(request)
         if plan is None:
+            assert not self._kv_unstamped
             return
         # accumulate adds exactly as `t = t + d` step by step would, at C speed.
         times = list(accumulate(plan.durations, initial=self.env.now))
         self._times = times
+        if self._kv_unstamped:
+            self._publish_planned_events()
         self.next_boundary = times[1] if plan.num_steps > 1 else INF
         self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
 

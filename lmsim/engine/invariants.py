@@ -65,6 +65,10 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
         _fail(f"plan reports {plan.num_tokens} tokens but its chunks and decodes add to {tokens}", instance, step, now)
     if tokens > cfg.max_num_batched_tokens:
         _fail(f"scheduled {tokens} tokens > budget {cfg.max_num_batched_tokens}", instance, step, now)
+    if not tokens and not plan.preempted:
+        # Only a step whose running requests were all preempted may compute nothing; an
+        # empty step otherwise is the start of a livelock (planned again and again).
+        _fail("planned a step that computes nothing and preempted nobody", instance, step, now)
     seqs = plan.num_decodes + len(plan.chunks)
     if seqs > cfg.max_num_seqs:
         _fail(f"scheduled {seqs} sequences > max_num_seqs {cfg.max_num_seqs}", instance, step, now)

@@ -13,8 +13,11 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
   or `not_arrived` (a closed-loop step whose predecessor never finished or was rejected).
 * `reject_reason` (null unless rejected): `queue_full` (the instance's waiting queue was at
   `cluster.max_waiting`), `prompt_too_long` (prompt >= `cluster.max_model_len`, refused
-  before routing as vLLM's input processor does) or `exceeds_kv_cache` (prompt + output
-  needs more blocks than the instance's whole KV pool: it could never finish).
+  before routing as vLLM's input processor does), `exceeds_kv_cache` (prompt + output
+  needs more blocks than the instance's whole KV pool: it could never finish) or
+  `resume_exceeds_kv_cache` (under `whole_prompt_watermark`, a request preempted after
+  producing output whose prompt + outputs no longer fit in the pool beside the watermark;
+  vLLM v0 marks it FINISHED_IGNORED when it next heads the waiting queue).
 * `output_tokens` is what the request generates: the trace's count, clipped to
   `max_model_len - input_tokens` (vLLM stops a request whose length reaches max_model_len).
 
@@ -30,8 +33,13 @@ from lmsim.engine.request import Request
 
 NOT_ARRIVED, UNFINISHED, FINISHED, REJECTED = 0, 1, 2, 3
 STATUS_NAMES = {NOT_ARRIVED: "not_arrived", UNFINISHED: "unfinished", FINISHED: "finished", REJECTED: "rejected"}
-NO_REASON, QUEUE_FULL, PROMPT_TOO_LONG, EXCEEDS_KV_CACHE = 0, 1, 2, 3
-REJECT_REASONS = {QUEUE_FULL: "queue_full", PROMPT_TOO_LONG: "prompt_too_long", EXCEEDS_KV_CACHE: "exceeds_kv_cache"}
+NO_REASON, QUEUE_FULL, PROMPT_TOO_LONG, EXCEEDS_KV_CACHE, RESUME_EXCEEDS_KV_CACHE = 0, 1, 2, 3, 4
+REJECT_REASONS = {
+    QUEUE_FULL: "queue_full",
+    PROMPT_TOO_LONG: "prompt_too_long",
+    EXCEEDS_KV_CACHE: "exceeds_kv_cache",
+    RESUME_EXCEEDS_KV_CACHE: "resume_exceeds_kv_cache",
+}
 
 
 class Recorder:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from lmsim.engine.instance import Instance
+from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex
 from lmsim.engine.request import Request
 from lmsim.policies.base import Policy
@@ -147,9 +147,7 @@ class Router:
 
     def route(self, request: Request, now: float) -> int | None:
         """Choose an instance and submit the request there; None if it was rejected."""
-        for instance in self.instances:
-            if now >= instance.next_boundary:
-                instance.materialize()
+        materialize_all(self.instances, now)
         started = time.perf_counter()
         view = self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
         choice = self.policy.choose(request, view)

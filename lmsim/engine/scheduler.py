@@ -112,6 +112,9 @@ class InstanceScheduler:
         self.steps_done = 0  # completed steps
         self._alloc_through = 0  # steps whose block allocations have been applied
         self._run_start = 0  # first step of the planned step/run
+        # The step whose scheduling is changing the cache now: its KV events are published
+        # when it ends. Kept only while the cache has listeners.
+        self.event_step = 0
         self._run_end = 0  # step index after the planned step/run
         self._admit_counter = 0
 
@@ -129,6 +132,9 @@ class InstanceScheduler:
         self._nondec_tokens = 0
         self.pending_prefill_tokens = 0
         self.num_preemptions = 0
+        # Waiting requests dropped because they can never be admitted again (see
+        # `_never_fits`); the instance collects them after each plan.
+        self.rejected: list[Request] = []
 
     # -- views ---------------------------------------------------------------------------
 
@@ -190,7 +196,9 @@ class InstanceScheduler:
     # -- planning ------------------------------------------------------------------------
 
     def plan(self, now: float) -> StepPlan | None:
-        """Plan the next step (or decode-only run) starting at step `steps_done`."""
+        """Plan the next step (or decode-only run) starting at step `steps_done`; None when
+        there is nothing to run (idle, or idle once requests that can never fit again were
+        dropped into `rejected`)."""
         if self.is_idle:
             return None
         s = self.steps_done
@@ -199,6 +207,7 @@ class InstanceScheduler:
         budget = self.max_num_batched_tokens
         num_dec = self.num_decoding
         self._run_start = s
+        self.event_step = s
         decodes_allocated = False
         decode_only = not self.prefilling and num_dec and num_dec <= budget
         if decode_only and self._phase[s % self.block_size] <= self.cache.num_free_blocks:
@@ -211,6 +220,9 @@ class InstanceScheduler:
         plan = self._plan_aggregate(s, now, decodes_allocated)
         if plan is None:
             plan = self._plan_exact(s, now)
+        if not plan.num_tokens and self.is_idle:
+            self._alloc_through = s  # only a rejection happened: no step to run
+            return None
         plan.long_prefill_cap = self._cap
         self._alloc_through = s + 1
         self._run_end = s + 1
@@ -328,7 +340,10 @@ class InstanceScheduler:
         bs = self.block_size
         phase = self._phase
         fills = self._fills
+        listened = cache.has_listeners
         if end - start == 1:
+            if listened:
+                self.event_step = start
             i = start % bs
             if phase[i]:
                 cache.allocate_anonymous_run(phase[i])
@@ -341,10 +356,12 @@ class InstanceScheduler:
         batched = total <= cache.num_plain_free  # nothing to evict: the span at once
         if batched and total:
             cache.allocate_anonymous_run(total)
-        step_by_step = not batched and cache.has_listeners
+        step_by_step = not batched and listened
         cached = cache.cached_hashes
         deferred = 0
         for st in range(start, end):
+            if listened:
+                self.event_step = st
             i = st % bs
             if phase[i] and not batched:
                 if step_by_step:
@@ -380,12 +397,33 @@ class InstanceScheduler:
             self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
 
     def _admission_blocked(self, budget_left: int) -> bool:
-        """Would the head of the waiting queue fail to be admitted this step?"""
+        """Would the head of the waiting queue fail to be admitted this step? (A head that
+        can never fit is not blocked: admission drops it.)"""
         if not self.waiting:
             return True
         if budget_left <= 0 or len(self.running) >= self.max_num_seqs:
             return True
-        return self._admission_need(self.waiting[0], budget_left)[3] > self.cache.num_free_blocks
+        head = self.waiting[0]
+        if self.watermark_blocks and self._never_fits(head):
+            return False
+        return self._admission_need(head, budget_left)[3] > self.cache.num_free_blocks
+
+    def _never_fits(self, request: Request) -> bool:
+        """Under `whole_prompt_watermark`, a request whose whole sequence so far needs more
+        blocks than the pool minus the watermark can never be admitted (vLLM v0
+        `BlockSpaceManager.can_allocate` returns NEVER when total - required < watermark,
+        hits or not). Only a request preempted after producing output gets here: a prompt
+        that cannot fit is rejected at dispatch."""
+        need = -(-request.num_tokens_target // self.block_size)
+        return need + self.watermark_blocks > self.cache.num_total_blocks
+
+    def _drop_waiting_head(self) -> None:
+        """vLLM v0 `Scheduler._schedule_prefills`: a group that can never be allocated is
+        marked FINISHED_IGNORED, popped, and scheduling moves on to the next one."""
+        request = self.waiting.popleft()
+        self._nondec_tokens -= request.num_tokens_target
+        self._set_pending(request, 0)
+        self.rejected.append(request)
 
     def _admission_need(self, request: Request, budget_left: int) -> tuple[int, int, int, int]:
         """(hit blocks, tokens to schedule, new blocks to allocate now, free blocks the
@@ -518,6 +556,9 @@ class InstanceScheduler:
         bs = self.block_size
         while self.waiting and budget_left > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self.watermark_blocks and self._never_fits(request):
+                self._drop_waiting_head()
+                continue
             hit_blocks, q, new_blocks, consumed = self._admission_need(request, budget_left)
             if consumed > cache.num_free_blocks:
                 break

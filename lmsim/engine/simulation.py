@@ -18,9 +18,15 @@ import simpy
 
 from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
-from lmsim.engine.instance import Instance
+from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
-from lmsim.engine.metrics import EXCEEDS_KV_CACHE, PROMPT_TOO_LONG, QUEUE_FULL, Recorder
+from lmsim.engine.metrics import (
+    EXCEEDS_KV_CACHE,
+    PROMPT_TOO_LONG,
+    QUEUE_FULL,
+    RESUME_EXCEEDS_KV_CACHE,
+    Recorder,
+)
 from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
@@ -58,8 +64,7 @@ class _Context:
         self._sim.add_periodic(period_s, callback)
 
     def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
-        env = self._sim.env
-        self._sim.kv_listeners.append(lambda i, h, stored: callback(i, h, stored, env.now))
+        self._sim.subscribe_kv_events(callback)
 
     def record_event(self, kind: str, **fields: Any) -> None:
         self._sim.router_events.append({"time_s": self._sim.env.now, "kind": kind, **fields})
@@ -73,6 +78,7 @@ class Simulation:
         self.env = simpy.Environment()
         self.pools = cfg.pool_specs()
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
+        self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
         self.router_events: list[dict[str, Any]] = []
         self.index = GlobalPrefixIndex(cfg.total_instances)
         self.recorder = Recorder(len(trace), trace.output_tokens)
@@ -90,8 +96,11 @@ class Simulation:
                 models[key] = load_cost_model(engine["profile"])
             cost_model = models[key]
             num_blocks = self._kv_blocks(pool, cost_model)
-            # vLLM v0 / Vidur: int(fraction * blocks)
-            watermark = int(engine["watermark_blocks_fraction"] * num_blocks)
+            # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
+            watermark = (
+                int(engine["watermark_blocks_fraction"] * num_blocks)
+                if engine["admission"] == "whole_prompt_watermark" else 0
+            )
             window = engine["max_model_len"] or getattr(cost_model, "max_model_len", None)
             if window is not None:
                 windows.append(window)
@@ -108,7 +117,9 @@ class Simulation:
                     admission=engine["admission"],
                     watermark_blocks=watermark,
                 )
-                self.instances.append(Instance(self.env, i, scheduler, self._on_step_end, pool))
+                self.instances.append(
+                    Instance(self.env, i, scheduler, self._on_step_end, self._on_engine_rejected, pool)
+                )
         first = self.instances[0].scheduler
         self.cost_model = first.cost_model
         self.num_blocks = first.cache.num_total_blocks
@@ -178,6 +189,25 @@ class Simulation:
         adapter.bind(_Context(self, rng))
         return adapter
 
+    # -- KV events -----------------------------------------------------------------------
+
+    def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
+        """`callback(instance_id, block_hash, stored, published_at)` for every block an
+        instance's cache stores or evicts, stamped by the instance with the end of the step
+        that changed it (see `Instance.on_kv_event`)."""
+        if not self._kv_subscribers:
+            for instance in self.instances:
+                instance.kv_sink = self._publish_kv_event
+            self.kv_listeners.append(self._on_cache_kv_event)
+        self._kv_subscribers.append(callback)
+
+    def _on_cache_kv_event(self, instance_id: int, block_hash: int, stored: bool) -> None:
+        self.instances[instance_id].on_kv_event(block_hash, stored)
+
+    def _publish_kv_event(self, instance_id: int, block_hash: int, stored: bool, at: float) -> None:
+        for callback in self._kv_subscribers:
+            callback(instance_id, block_hash, stored, at)
+
     # -- periodic work -------------------------------------------------------------------
 
     def add_periodic(self, period_s: float, callback: Callable[[float], None]) -> None:
@@ -190,6 +220,9 @@ class Simulation:
         def tick(_event: simpy.Event) -> None:
             if not self._work_remains():
                 return
+            # A scrape or a policy's timer reads the instances: decode runs first apply
+            # the steps that have started by now, as stepping one by one would have.
+            materialize_all(self.instances, self.env.now)
             callback(self.env.now)
             self._schedule_periodic(period_s, callback, n + 1)
 
@@ -197,7 +230,6 @@ class Simulation:
 
     def _sample(self, now: float) -> None:
         for instance in self.instances:
-            instance.materialize()
             s = instance.scheduler
             self.recorder.sample(
                 now,
@@ -254,9 +286,10 @@ class Simulation:
             schedule_at(self.env, stop_at, SAMPLE, self._stop)
 
     def _stop(self, _event: simpy.Event) -> None:
-        """The drain limit: stop once nothing more can arrive and the last arrival is
-        `drain_limit_s` old. A closed-loop successor released later re-arms it."""
-        if self._next_arrival() is not None or self._children:
+        """The drain limit: stop once nothing more is due to arrive and the last arrival is
+        `drain_limit_s` old. A closed-loop successor released before then arrives and
+        re-arms it; one whose predecessor is still running then never arrives."""
+        if self._next_arrival() is not None:
             return
         if self.env.now < self.last_arrival_s + self.drain_limit or self.live == 0:
             return  # not yet, or nothing left to cut short: the run ends by itself
@@ -337,6 +370,12 @@ class Simulation:
             self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
             return False
         return True
+
+    def _on_engine_rejected(self, request: Request) -> None:
+        """An instance dropped a waiting request that can never be admitted again; the
+        router hears of it as of a finished one (its in-flight counters)."""
+        self._reject(request, RESUME_EXCEEDS_KV_CACHE)
+        self.policy.on_finished(request)
 
     def _reject(self, request: Request, reason: int) -> None:
         request.state = RequestState.REJECTED

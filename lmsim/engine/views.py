@@ -13,7 +13,10 @@ switches:
     SGLang with `approx_ttl_s: null` (capacity-bounded only; Dynamo's
     `router_approximate_cache_policy: lru` is the same);
   - `events`: a replica of the caches built from the instances' KV stored/removed events,
-    each applied `kv_event_delay_s` after it happened (Dynamo / llm-d precise).
+    each applied `kv_event_delay_s` after the instance published it (Dynamo / llm-d
+    precise). vLLM publishes the events of a step when it processes the step's output
+    (`Scheduler.update_from_output`), so an event is stamped with the end of the step that
+    scheduled the block, and a delay of 0 still shows a block only once its step is done.
 * `load_view` — the per-instance load fields (`num_running`, `num_waiting`, `batch_size`,
   `pending_prefill_tokens`, `kv_usage`, `queued_prefills()`, ...):
   - `exact` (default): live at decision time;
@@ -29,7 +32,8 @@ Approximate and event views apply the engine's cap (a hit covers at most
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,19 +97,27 @@ class ApproxPrefixIndex:
 
 
 class EventPrefixIndex:
-    """A replica of the instances' caches from KV events, each visible after a delay."""
+    """A replica of the instances' caches from KV events, each visible `delay_s` after it
+    was published.
+
+    Events arrive stamped with their publication time, which can lie ahead of the clock
+    (a step's events are known when it is scheduled, published when it ends) and need not
+    come in stamp order across instances (one instance's fast-forwarded run is applied
+    lazily, after another instance's later events), so they wait in a heap ordered by
+    visibility time and arrival; one instance's events keep their order."""
 
     def __init__(self, num_instances: int, delay_s: float) -> None:
         self.n = num_instances
         self.delay_s = delay_s
         self._holders: dict[int, int] = {}
-        self._pending: deque[tuple[float, int, int, bool]] = deque()
+        self._pending: list[tuple[float, int, int, int, bool]] = []
+        self._seq = 0
 
-    def on_event(self, instance_id: int, block_hash: int, stored: bool, now: float) -> None:
-        if self.delay_s <= 0:
-            self._apply(instance_id, block_hash, stored)
-        else:
-            self._pending.append((now + self.delay_s, instance_id, block_hash, stored))
+    def on_event(self, instance_id: int, block_hash: int, stored: bool, published_at: float) -> None:
+        self._seq += 1
+        heapq.heappush(
+            self._pending, (published_at + self.delay_s, self._seq, instance_id, block_hash, stored)
+        )
 
     def _apply(self, instance_id: int, block_hash: int, stored: bool) -> None:
         bit = 1 << instance_id
@@ -121,7 +133,7 @@ class EventPrefixIndex:
     def catch_up(self, now: float) -> None:
         pending = self._pending
         while pending and pending[0][0] <= now:
-            _, iid, h, stored = pending.popleft()
+            _, _, iid, h, stored = heapq.heappop(pending)
             self._apply(iid, h, stored)
 
     def match_tokens(self, request: Request, block_size: int, now: float) -> list[int]:
