@@ -87,6 +87,24 @@ class Instance:
     def submit(self, request: Request) -> None:
         self.materialize()
         self.scheduler.enqueue(request)
+        self._reconsider()
+
+    def external_ready(self, request: Request) -> None:
+        """A connector's load for `request` has landed (lmsim.engine.connector)."""
+        self.materialize()
+        self.scheduler.finish_load(request)
+        self._reconsider()
+
+    def release_held(self, request: Request) -> None:
+        """A connector is done reading a finished request's blocks: free them."""
+        self.materialize()
+        self.scheduler.release_held(request)
+        self._reconsider()
+
+    def _reconsider(self) -> None:
+        """The waiting queue or the free pool changed: plan at the next step boundary, as
+        one-by-one stepping would (an idle instance wakes now; a run in flight ends after
+        the step in progress)."""
         if self._plan is None:
             if not self._wake_pending:
                 self._wake_pending = True

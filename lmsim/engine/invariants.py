@@ -29,6 +29,7 @@ class Simulation(Protocol):
 
     config: Any
     cost_model: Any
+    pool_cost_models: dict[str, Any]
     recorder: Any
     instances: list[Instance]
     live: int
@@ -50,30 +51,31 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     # The step that just ended (the last of a fast-forwarded run), whose end is `now`; so a
     # message reads the same with fast-forward on or off.
     step = plan.start_step + plan.num_steps - 1
-    cfg = sim.config.cluster
 
     # The step's composition: recount the tokens instead of trusting the plan's counter.
     tokens = plan.num_decodes
     # the threshold is waived only for a request alone in the engine (vLLM 0.33), so any
     # step that schedules two sequences must respect it
-    cap = cfg.long_prefill_token_threshold if plan.num_decodes + len(plan.chunks) > 1 else plan.long_prefill_cap
+    # the pool's configured limits: the truth the scheduler must respect
+    limits = instance.pool.engine
+    cap = limits["long_prefill_token_threshold"] if plan.num_decodes + len(plan.chunks) > 1 else plan.long_prefill_cap
     for request, q in plan.chunks:
         tokens += q
         if q < 1 or (cap and q > cap):
             _fail(f"request {request.request_id} got a prefill chunk of {q} tokens", instance, step, now)
     if tokens != plan.num_tokens:
         _fail(f"plan reports {plan.num_tokens} tokens but its chunks and decodes add to {tokens}", instance, step, now)
-    if tokens > cfg.max_num_batched_tokens:
-        _fail(f"scheduled {tokens} tokens > budget {cfg.max_num_batched_tokens}", instance, step, now)
+    if tokens > limits["max_num_batched_tokens"]:
+        _fail(f"scheduled {tokens} tokens > budget {limits['max_num_batched_tokens']}", instance, step, now)
     if not tokens and not plan.preempted:
         # Only a step whose running requests were all preempted may compute nothing; an
         # empty step otherwise is the start of a livelock (planned again and again).
         _fail("planned a step that computes nothing and preempted nobody", instance, step, now)
     seqs = plan.num_decodes + len(plan.chunks)
-    if seqs > cfg.max_num_seqs:
-        _fail(f"scheduled {seqs} sequences > max_num_seqs {cfg.max_num_seqs}", instance, step, now)
-    if len(s.running) > cfg.max_num_seqs:
-        _fail(f"{len(s.running)} running > max_num_seqs {cfg.max_num_seqs}", instance, step, now)
+    if seqs > limits["max_num_seqs"]:
+        _fail(f"scheduled {seqs} sequences > max_num_seqs {limits['max_num_seqs']}", instance, step, now)
+    if len(s.running) > limits["max_num_seqs"]:
+        _fail(f"{len(s.running)} running > max_num_seqs {limits['max_num_seqs']}", instance, step, now)
 
     # KV accounting: what requests hold must match the pool.
     held = 0
@@ -86,10 +88,17 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
         if request.state is not RequestState.RUNNING:
             _fail(f"request {request.request_id} in running list with state {request.state.name}", instance, step, now)
     for request in s.waiting:
-        if request.block_keys:
+        if request.block_keys and not request.kv_loaded:
             _fail(f"waiting request {request.request_id} holds blocks", instance, step, now)
         if request.state is not RequestState.WAITING:
             _fail(f"request {request.request_id} in waiting queue with state {request.state.name}", instance, step, now)
+    # Blocks held outside the running batch: loads in flight, loaded requests waiting for
+    # admission, finished requests kept for a reader (lmsim.engine.connector).
+    for request in itertools.chain(s.loading, (r for r in s.waiting if r.kv_loaded), s.held):
+        held += len(request.block_keys) + request.kv_held_extra
+        for key in request.block_keys:
+            if key != ANON:
+                refs[key] = refs.get(key, 0) + 1
     problems = s.cache.check(held, refs)
     if problems:
         _fail("KV: " + "; ".join(problems), instance, step, now)
@@ -102,12 +111,14 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     # tables are not additive (a table clamped below its first grid point charges a 1-token
     # chunk like a 10-token one), so a busy engine's different chunking can legitimately be
     # a little faster than the idle one; the property tests found such a case.
-    additive = isinstance(sim.cost_model, LinearCostModel)
+    additive = isinstance(sim.pool_cost_models[instance.pool.name], LinearCostModel)
     for request in outcome.first_tokens:
         _check_stamps(request, 4, instance, step, now)
         if not additive:
             continue
-        floor = idle_prefill_time(sim, request.input_tokens - (request.cached_tokens or 0), request.cached_tokens or 0)
+        # tokens a connector loaded were not computed here
+        skipped = (request.cached_tokens or 0) + request.kv_external_blocks * s.block_size
+        floor = idle_prefill_time(sim, max(1, request.input_tokens - skipped), skipped, instance.pool)
         ttft = request.first_token_at - request.arrived_at
         if ttft < floor * (1 - 1e-9) - _EPS:
             _fail(
@@ -145,7 +156,7 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
     where: dict[int, int] = {}
     for inst in sim.instances:
         s = inst.scheduler
-        for request in itertools.chain(s.running, s.waiting):
+        for request in itertools.chain(s.running, s.waiting, s.loading):
             rid = request.request_id
             if rid in where:
                 _fail(f"request {rid} listed twice (instances {where[rid]} and {inst.instance_id})", instance, step, now)
@@ -162,16 +173,19 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
         _fail(f"the live counter says {sim.live} but {len(live)} arrived requests are not done", instance, step, now)
 
 
-def idle_prefill_time(sim: Simulation, uncached: int, cached: int) -> float:
+def idle_prefill_time(sim: Simulation, uncached: int, cached: int, pool: Any = None) -> float:
     """Time to prefill `uncached` tokens after `cached` ones on an otherwise idle engine
-    (where `long_prefill_token_threshold` does not apply: the request is alone)."""
-    budget = sim.config.cluster.max_num_batched_tokens
+    (where `long_prefill_token_threshold` does not apply: the request is alone), on a
+    `pool` as configured (default: the cluster's first)."""
+    pool = pool if pool is not None else sim.instances[0].pool
+    budget = pool.engine["max_num_batched_tokens"]
+    cost_model = sim.pool_cost_models[pool.name]
     total = 0.0
     done = cached
     left = uncached
     while left > 0:
         q = min(left, budget)
-        total += sim.cost_model.step_time([(q, done)], 0, 0)
+        total += cost_model.step_time([(q, done)], 0, 0)
         done += q
         left -= q
     return total
@@ -181,6 +195,13 @@ def check_end(sim: Simulation) -> None:
     _check_conservation(sim, None, max((i.scheduler.steps_done for i in sim.instances), default=0), sim.env.now)
     for instance in sim.instances:
         s = instance.scheduler
+        if s.loading or s.held:
+            _fail(
+                f"at the end {len(s.loading)} loads are in flight and {len(s.held)} finished requests hold blocks",
+                instance,
+                s.steps_done,
+                sim.env.now,
+            )
         if s.is_idle and s.cache.num_free_blocks != s.cache.num_total_blocks:
             _fail(
                 f"idle at the end with {s.cache.num_total_blocks - s.cache.num_free_blocks} blocks still in use",

@@ -89,12 +89,14 @@ class Simulation:
         # One model is served by every pool: its context window is the smallest a pool sets.
         windows = []
         models: dict[str, StepCostModel] = {}
+        self.pool_cost_models: dict[str, StepCostModel] = {}  # as configured (invariants' truth)
         for pool in self.pools:
             engine = pool.engine
             key = json.dumps(engine["profile"], sort_keys=True)
             if key not in models:
                 models[key] = load_cost_model(engine["profile"])
             cost_model = models[key]
+            self.pool_cost_models[pool.name] = cost_model
             num_blocks = self._kv_blocks(pool, cost_model)
             # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
             watermark = (
@@ -440,7 +442,8 @@ class Simulation:
             check_end(self)
         for instance in self.instances:
             instance.materialize()
-            for request in [*instance.scheduler.running, *instance.scheduler.waiting]:
+            s = instance.scheduler
+            for request in [*s.running, *s.waiting, *s.loading]:
                 request.num_output_done = instance.scheduler.outputs_of(request)
                 self.recorder.store(request)
         return Results.from_simulation(self, wall)
