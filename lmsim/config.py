@@ -289,6 +289,17 @@ class ClusterConfig(_Strict):
             first += pool.num_instances
         return out
 
+    def describe(self) -> str:
+        """One line: `16 instances` or `pools prefill 4 x h20/qwen3-30b-a3b (prefill), ...`."""
+        if self.pools is None:
+            return f"{self.num_instances} instances"
+        parts = []
+        for pool in self.pool_specs():
+            profile = pool.engine["profile"]
+            name = profile if isinstance(profile, str) else profile.get("kind", "linear")
+            parts.append(f"{pool.name} {pool.num_instances} x {name} ({pool.role})")
+        return "pools " + ", ".join(parts)
+
     @property
     def total_instances(self) -> int:
         return self.num_instances if self.pools is None else sum(p.num_instances for p in self.pools)

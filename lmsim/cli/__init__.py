@@ -78,7 +78,6 @@ def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search")
     file named, before any simulated time passes (shared by `run` and `validate`; only
     `run` may search for a capacity, announcing it and each probe on stderr)."""
     from lmsim.policies import POLICIES
-    from lmsim.profile import load_cost_model
     from lmsim.study.experiment import load_workload_trace
 
     where = str(args.experiment)
@@ -87,8 +86,7 @@ def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search")
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
     POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
     _check_router_view(config, where)
-    cost_model = load_cost_model(config.cluster.profile)
-    _check_kv_pool(config, cost_model, where)
+    _check_kv_pools(config, where)
     _check_workload_source(config, where)
     with _about(where):
         trace = load_workload_trace(
@@ -116,20 +114,26 @@ def _check_router_view(config, where: str) -> None:
         raise ConfigError(f"{where}: router.view: {exc}") from None
 
 
-def _check_kv_pool(config, cost_model, where: str) -> None:
+def _check_kv_pools(config, where: str) -> None:
+    """Every pool's profile loads and leaves room for a KV cache (a field is named as the
+    user wrote it: flat for a single-pool cluster, per pool otherwise)."""
+    from lmsim.profile import load_cost_model
+
     cfg = config.cluster
-    if cfg.num_gpu_blocks is not None:
-        return
-    blocks = cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
-    if blocks is None:
-        raise ConfigError(
-            f"{where}: cluster.num_gpu_blocks: required with a profile that has no memory facts"
-        )
-    if blocks <= 0:
-        raise ConfigError(
-            f"{where}: cluster.gpu_memory_utilization: {cfg.gpu_memory_utilization} leaves no "
-            f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
-        )
+    for pool in cfg.pool_specs():
+        engine = pool.engine
+        prefix = "cluster." if cfg.pools is None else f"cluster.pools.{pool.name}."
+        cost_model = load_cost_model(engine["profile"])
+        if engine["num_gpu_blocks"] is not None:
+            continue
+        blocks = cost_model.num_kv_blocks(cfg.block_size, engine["gpu_memory_utilization"])
+        if blocks is None:
+            raise ConfigError(f"{where}: {prefix}num_gpu_blocks: required with a profile that has no memory facts")
+        if blocks <= 0:
+            raise ConfigError(
+                f"{where}: {prefix}gpu_memory_utilization: {engine['gpu_memory_utilization']} leaves no "
+                f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
+            )
 
 
 def _check_workload_source(config, where: str) -> None:
@@ -151,7 +155,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     config, trace = _prepare(args, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
-          f"{config.cluster.num_instances} instances)")
+          f"{config.cluster.describe()})")
     load = describe_load(load_resolution(config, trace))
     if load:
         print(load)

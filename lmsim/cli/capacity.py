@@ -50,7 +50,7 @@ def cmd_capacity(args: Any) -> int:
     trace = load_workload_trace(config, experiment_dir)
     search = CapacitySearch(probe_requests=args.probe_requests)
     print(f"{args.experiment}: capacity on the first {min(len(trace), search.probe_requests)} requests "
-          f"({config.cluster.num_instances} x {config.cluster.profile})")
+          f"({config.cluster.describe() if config.cluster.pools else f'{config.cluster.num_instances} x {config.cluster.profile}'})")
     found = resolve_capacity(
         trace, config, search, workload=workload_identity(config, experiment_dir),
         use_cache=not args.no_cache, log=print,

@@ -40,8 +40,9 @@ PROGRESS_EVERY = 256  # arrivals between progress callbacks
 
 
 class _Context:
-    """The RouterContext handed to policies (see policies/base.py). Its engine facts are the
-    first pool's; each instance view carries its own pool's (mixed fleets)."""
+    """The RouterContext handed to policies (see policies/base.py). Its scalar engine facts
+    are the first pool's; `cost_models` and each instance view carry every instance's own
+    (mixed fleets)."""
 
     def __init__(self, sim: Simulation, rng: np.random.Generator) -> None:
         cfg = sim.config.cluster
@@ -53,6 +54,7 @@ class _Context:
         self.max_num_seqs = first["max_num_seqs"]
         self.rng = rng
         self.cost_model = sim.cost_model
+        self.cost_models = [i.scheduler.cost_model for i in sim.instances]
 
     def now(self) -> float:
         return self._sim.env.now

@@ -73,10 +73,11 @@ class RouterContext(Protocol):
 
     num_instances: int
     block_size: int
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int  # the first pool's limits; each InstanceView carries its own
     max_num_seqs: int
     rng: np.random.Generator  # the policy's own seeded stream
-    cost_model: Any  # the engine's StepCostModel
+    cost_model: Any  # the first pool's StepCostModel (the only one without cluster.pools)
+    cost_models: Sequence[Any]  # every instance's own StepCostModel, by position (mixed fleets)
 
     def now(self) -> float: ...
 
