@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmsim.errors import ConfigError
-from lmsim.profile.base import LinearCostModel
+from lmsim.profile.inline import check_inline_profile
 
 
 class _Strict(BaseModel):
@@ -184,7 +183,7 @@ class PoolConfig(_Strict):
     @classmethod
     def _inline_profile(cls, spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if isinstance(spec, dict):
-            _check_linear_profile(spec)
+            check_inline_profile(spec)
         return spec
 
 
@@ -226,7 +225,7 @@ class ClusterConfig(_Strict):
         # file and field instead of surfacing as a Python TypeError (or, for a negative
         # cost, as a step that ends before it starts) once the run has begun.
         if isinstance(spec, dict):
-            _check_linear_profile(spec)
+            check_inline_profile(spec)
         return spec
 
     pools: list[PoolConfig] | None = Field(
@@ -381,34 +380,6 @@ class ExperimentConfig(_Strict):
 
 
 _CLUSTER_SECTIONS_OMITTED_WHEN_UNSET = ("pools", "kv_transfer", "kv_tiers")
-
-
-_LINEAR_FIELDS = tuple(
-    f.name for f in dataclasses.fields(LinearCostModel) if f.name != "name"
-)
-
-
-def _check_linear_profile(spec: dict[str, Any]) -> None:
-    kind = spec.get("kind", "linear")
-    if kind != "linear":
-        raise ValueError(f"unknown profile kind {kind!r} (known: linear)")
-    for key in spec:
-        if key != "kind" and key not in _LINEAR_FIELDS:
-            raise ValueError(
-                f"unknown field {key!r} for a linear profile (fields: {', '.join(_LINEAR_FIELDS)})"
-            )
-    if "step_base_s" not in spec:
-        raise ValueError("a linear profile needs step_base_s")
-    for key in _LINEAR_FIELDS:
-        if key not in spec:
-            continue
-        value = spec[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{key} must be a finite number (got {value!r})")
-        # Steps must take positive time, or simulated time could stand still.
-        if value < 0 or (key == "step_base_s" and value == 0):
-            bound = "> 0" if key == "step_base_s" else ">= 0"
-            raise ValueError(f"{key} must be {bound} (got {value!r})")
 
 
 def _parse_value(text: str) -> Any:

@@ -33,7 +33,7 @@ from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
-from lmsim.profile import StepCostModel, load_cost_model
+from lmsim.profile import StepCostModel, bind_kv_capacity, load_cost_model
 from lmsim.workload.trace import Trace, continuation_rows, continued_ids
 
 PROGRESS_EVERY = 256  # arrivals between progress callbacks
@@ -97,9 +97,10 @@ class Simulation:
             key = json.dumps(engine["profile"], sort_keys=True)
             if key not in models:
                 models[key] = load_cost_model(engine["profile"])
-            cost_model = models[key]
+            num_blocks = self._kv_blocks(pool, models[key])
+            # a step model that depends on the KV pool's size gets this pool's
+            cost_model = bind_kv_capacity(models[key], num_blocks * cfg.block_size)
             self.pool_cost_models[pool.name] = cost_model
-            num_blocks = self._kv_blocks(pool, cost_model)
             # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
             watermark = (
                 int(engine["watermark_blocks_fraction"] * num_blocks)
