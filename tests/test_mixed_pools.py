@@ -10,7 +10,7 @@ import pytest
 
 from conftest import LINEAR, make_config, make_trace
 from lmsim.engine.simulation import Simulation
-from lmsim.policies import POLICIES
+from lmsim.policies.disagg import colocated_policy_names
 
 SLOW = dict(LINEAR)
 FAST = {**LINEAR, "per_prefill_token_s": 0.0005}
@@ -60,7 +60,7 @@ def test_views_carry_each_instances_pool_and_profile():
     assert sim.policy.ctx.cost_models[2] is views[2].cost_model
 
 
-COLOCATED = [n for n in POLICIES.names() if not getattr(POLICIES.get(n), "disaggregated", False)]
+COLOCATED = colocated_policy_names()
 
 
 @pytest.mark.parametrize("policy", COLOCATED)

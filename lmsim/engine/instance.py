@@ -72,6 +72,7 @@ class Instance:
         # events of the step being planned, whose end is not known yet.
         self.kv_sink: KVEventSink | None = None
         self._planning = False
+        self._receiving = False  # a connector's load is becoming cache entries
         self._kv_unstamped: list[tuple[int, bool]] = []
 
     @property
@@ -92,7 +93,9 @@ class Instance:
     def external_ready(self, request: Request) -> None:
         """A connector's load for `request` has landed (lmsim.engine.connector)."""
         self.materialize()
+        self._receiving = True
         self.scheduler.finish_load(request)
+        self._receiving = False
         self._reconsider()
 
     def release_held(self, request: Request) -> None:
@@ -143,9 +146,11 @@ class Instance:
 
     def on_kv_event(self, block_hash: int, stored: bool) -> None:
         """The cache stored or evicted a block while a step was being scheduled; publish it
-        when that step ends."""
+        when that step ends. Blocks a connector's load caches between steps are published
+        with the next step the instance plans (vLLM caches them in the next `schedule()`,
+        `_update_waiting_for_remote_kv`)."""
         assert self.kv_sink is not None
-        if self._planning:
+        if self._planning or self._receiving:
             self._kv_unstamped.append((block_hash, stored))
             return
         plan = self._plan
@@ -176,8 +181,7 @@ class Instance:
             rejected, self.scheduler.rejected = self.scheduler.rejected, []
             for request in rejected:
                 self._on_rejected(request)
-        if plan is None:
-            assert not self._kv_unstamped
+        if plan is None:  # events of a load wait for the step that will use its blocks
             return
         # accumulate adds exactly as `t = t + d` step by step would, at C speed.
         times = list(accumulate(plan.durations, initial=self.env.now))

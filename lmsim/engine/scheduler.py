@@ -635,23 +635,39 @@ class InstanceScheduler:
 
     def _load_need(self, request: Request, hit_blocks: int, external: int) -> int:
         """Free blocks an admission that loads `external` blocks consumes: their blocks (no
-        tokens are scheduled now, vLLM `allocate_slots` with num_new_tokens 0) plus the free
-        hit blocks it touches; `full_sequence` still demands room for the whole sequence."""
+        tokens are scheduled now, vLLM `allocate_slots` with num_new_tokens 0) and those of
+        the first chunk after the load (see `_chunk_after_load`), plus the free hit blocks it
+        touches; `full_sequence` still demands room for the whole sequence."""
         touched_free = self.cache.num_free_among(request.kv_hashes, hit_blocks)
+        need = external + self._chunk_after_load(request, hit_blocks + external)
         if self.admission == "first_chunk":
-            return external + touched_free
+            return need + touched_free
         full_blocks = -(-request.num_tokens_target // self.block_size) - hit_blocks
-        return max(external, full_blocks) + touched_free + self.watermark_blocks
+        return max(need, full_blocks) + touched_free + self.watermark_blocks
+
+    def _chunk_after_load(self, request: Request, blocks: int) -> int:
+        """Blocks beyond the first `blocks` (hit and loaded) that the request's first chunk
+        after the load needs, reserved when the load starts. vLLM allocates only the loaded
+        blocks; then requests that wait, loaded, for one more block each can fill the pool
+        while nothing runs, and the instance stalls for good. Dynamo's mocker reserves this
+        completion headroom before a handoff (`destination_handoff_completion_headroom`)."""
+        loaded = min(blocks * self.block_size, request.num_tokens_target - 1)
+        q = request.num_tokens_target - loaded
+        if 0 < self.long_prefill_token_threshold < q:
+            q = self.long_prefill_token_threshold
+        q = min(q, self.max_num_batched_tokens)
+        return max(0, -(-(loaded + q) // self.block_size) - blocks)
 
     def _loaded_tokens(self, request: Request) -> int:
-        """Tokens computed once a load lands: every loaded block, one token fewer when they
-        cover them all (a token must be computed to sample one)."""
-        blocks = len(request.block_keys)
+        """Tokens computed once a load lands: every hit and loaded block, one token fewer
+        when they cover them all (a token must be computed to sample one)."""
+        blocks = request.num_cached_blocks + request.kv_external_blocks
         return min(blocks * self.block_size, request.num_tokens_target - 1)
 
     def _start_load(self, request: Request, hit_blocks: int, external: int) -> None:
         assert self.connector is not None
-        request.block_keys.extend(self.cache.allocate(external))
+        reserved = self._chunk_after_load(request, hit_blocks + external)
+        request.block_keys.extend(self.cache.allocate(external + reserved))
         request.kv_external_blocks = external
         self._load_counter += 1
         request.kv_load_seq = self._load_counter
@@ -665,14 +681,14 @@ class InstanceScheduler:
         them (vLLM `_update_waiting_for_remote_kv`, then the skipped waiting requests are
         prepended to the queue)."""
         del self.loading[request]
-        bs = self.block_size
-        blocks = len(request.block_keys)
+        computed = self._loaded_tokens(request)
+        blocks = request.num_cached_blocks + request.kv_external_blocks
         if self.enable_prefix_caching:
             last = min(blocks, len(request.kv_hashes))
             if last > request.num_cached_blocks:
                 self.cache.register_range(request.kv_hashes, request.block_keys, request.num_cached_blocks, last)
                 request.num_cached_blocks = last
-        request.num_computed_tokens = min(blocks * bs, request.num_tokens_target - 1)
+        request.num_computed_tokens = computed
         request.kv_loaded = True
         ahead = 0
         for queued in self.waiting:
@@ -853,7 +869,16 @@ class InstanceScheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.state = _WAITING
-        self.waiting.appendleft(request)
+        if self.connector is None:
+            self.waiting.appendleft(request)
+        else:
+            # Behind requests waiting with loaded blocks: they start without new room, while
+            # the preempted one needs its blocks again; ahead of it, their blocks could keep
+            # it from ever fitting while nothing runs.
+            ahead = 0
+            while ahead < len(self.waiting) and self.waiting[ahead].kv_loaded:
+                ahead += 1
+            self.waiting.insert(ahead, request)
         self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
 
     def _set_pending(self, request: Request, value: int) -> None:

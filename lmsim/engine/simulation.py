@@ -18,6 +18,7 @@ import simpy
 
 from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.disagg import Disaggregation, DisaggRouter
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
 from lmsim.engine.metrics import (
@@ -33,6 +34,7 @@ from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
+from lmsim.policies.disagg import check_policy_shape
 from lmsim.profile import StepCostModel, bind_kv_capacity, load_cost_model
 from lmsim.workload.trace import Trace, continuation_rows, continued_ids
 
@@ -109,6 +111,9 @@ class Simulation:
             window = engine["max_model_len"] or getattr(cost_model, "max_model_len", None)
             if window is not None:
                 windows.append(window)
+            # a prefill instance's requests are prefill legs: the disaggregation hears of them
+            on_step_end = self._on_prefill_step_end if pool.role == "prefill" else self._on_step_end
+            on_rejected = self._on_prefill_rejected if pool.role == "prefill" else self._on_engine_rejected
             for i in pool.instance_ids:
                 cache = PrefixCache(num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
                 scheduler = InstanceScheduler(
@@ -123,7 +128,7 @@ class Simulation:
                     watermark_blocks=watermark,
                 )
                 self.instances.append(
-                    Instance(self.env, i, scheduler, self._on_step_end, self._on_engine_rejected, pool)
+                    Instance(self.env, i, scheduler, on_step_end, on_rejected, pool)
                 )
         first = self.instances[0].scheduler
         self.cost_model = first.cost_model
@@ -132,15 +137,25 @@ class Simulation:
         self.max_model_len = min(windows) if windows else None
 
         seeds = np.random.SeedSequence(config.seed).spawn(2)
+        check_policy_shape(config.router.policy, cfg.is_disaggregated, where="router.policy")
         self.policy: Policy = POLICIES.create(
             config.router.policy, config.router.params, where="router.params"
         )
-        self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
+        self.disagg: Disaggregation | None = None
+        if cfg.is_disaggregated:
+            self.disagg = Disaggregation(self)
+            self.policy.bind(self.disagg.context(_Context(self, np.random.default_rng(seeds[0])), seeds[0]))
+        else:
+            self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
         self.adapter = self._view_adapter(np.random.default_rng(seeds[1]))
         cluster = LiveClusterView(
             self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching
         )
-        self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
+        self.router: Router | DisaggRouter
+        if self.disagg is not None:
+            self.router = DisaggRouter(self.disagg, cluster, self.policy, self.adapter)
+        else:
+            self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
 
         # Arrivals: open-loop rows in trace order, closed-loop rows once released.
         after = trace.column("after_id")
@@ -352,7 +367,7 @@ class Simulation:
         if limit is not None and input_tokens >= limit:
             # vLLM's input processor refuses a prompt that leaves no room for one output
             # token (prompt_len >= max_model_len) before any router or engine sees it.
-            self._reject(request, PROMPT_TOO_LONG)
+            self.reject(request, PROMPT_TOO_LONG)
             return
         if clipped:
             # vLLM stops a request once prompt + output reaches max_model_len.
@@ -360,6 +375,15 @@ class Simulation:
         self.router.route(request, now)
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
+        reason = self.dispatch_problem(request, instance_id)
+        if reason is not None:
+            self.reject(request, reason)
+            return False
+        return True
+
+    def dispatch_problem(self, request: Request, instance_id: int, *, queue: bool = True) -> int | None:
+        """Why `request` cannot be queued on the instance (a reject reason), or None. With
+        `queue=False` only whether it could ever fit there, not whether the queue has room."""
         instance = self.instances[instance_id]
         cap = instance.pool.engine["max_waiting"]
         bs = self.config.cluster.block_size
@@ -370,19 +394,23 @@ class Simulation:
         too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > num_blocks
         # under a watermark the whole prompt must fit beside it, or it would wait forever
         too_long |= -(-request.input_tokens // bs) + scheduler.watermark_blocks > num_blocks
-        waiting = scheduler.num_waiting
-        if too_long or (cap is not None and waiting >= cap):
-            self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
-            return False
-        return True
+        if too_long:
+            return EXCEEDS_KV_CACHE
+        if queue and cap is not None and scheduler.num_waiting >= cap:
+            return QUEUE_FULL
+        return None
 
     def _on_engine_rejected(self, request: Request) -> None:
         """An instance dropped a waiting request that can never be admitted again; the
         router hears of it as of a finished one (its in-flight counters)."""
-        self._reject(request, RESUME_EXCEEDS_KV_CACHE)
+        self.reject(request, RESUME_EXCEEDS_KV_CACHE)
         self.policy.on_finished(request)
 
-    def _reject(self, request: Request, reason: int) -> None:
+    def _on_prefill_rejected(self, leg: Request) -> None:
+        assert self.disagg is not None
+        self.disagg.on_leg_rejected(leg)
+
+    def reject(self, request: Request, reason: int) -> None:
         request.state = RequestState.REJECTED
         self.recorder.rejected(request, reason)
         self.live -= 1
@@ -404,6 +432,15 @@ class Simulation:
             stack.extend(self._children.pop(stack.pop(), ()))
 
     # -- step ends -----------------------------------------------------------------------
+
+    def _on_prefill_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
+        assert self.disagg is not None
+        self.last_activity_s = now
+        self.disagg.on_prefill_step_end(outcome, now)
+        if self.check:
+            from lmsim.engine.invariants import check_step
+
+            check_step(self, instance, plan, outcome, now)
 
     def _on_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
         self.last_activity_s = now
@@ -448,6 +485,11 @@ class Simulation:
             s = instance.scheduler
             for request in [*s.running, *s.waiting, *s.loading]:
                 request.num_output_done = instance.scheduler.outputs_of(request)
+                if self.disagg is not None and instance.pool.role == "prefill":
+                    request = self.disagg.client_of(request)  # still prefilling: its leg's stats
+                self.recorder.store(request)
+        if self.disagg is not None:
+            for request in self.disagg.clients_in_handover():
                 self.recorder.store(request)
         return Results.from_simulation(self, wall)
 
