@@ -55,7 +55,8 @@ from lmsim.profile import kv_bytes_per_token
 
 if TYPE_CHECKING:
     from lmsim.engine.scheduler import InstanceScheduler, StepOutcome
-    from lmsim.engine.simulation import Simulation
+
+Simulation = Any  # the composition root that builds this (importing it would be a cycle)
 
 # A handoff's states: the leg runs on P; P holds its KV and the request is about to join D's
 # queue; it waits there; the KV moves; D needed nothing and P is told.
