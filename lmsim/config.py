@@ -401,17 +401,32 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, where: str) ->
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None:
+    """Set `a.b.c` in nested mappings (made as needed); a number after a list names one of
+    its entries (`cluster.pools.0.num_instances`)."""
     parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
+    node: Any = raw
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{where}: {key}: {'.'.join(parts[:depth])} has no entry {part!r} ({len(node)} entries)")
+            if last:
+                node[int(part)] = value
+                return
+            node = node[int(part)]
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"{where}: {key}: {'.'.join(parts[: depth + 1])} is not a mapping")
+            continue
+        if last:
+            node[part] = value
+            return
         child = node.get(part)
         if child is None:
             child = {}
             node[part] = child
-        if not isinstance(child, dict):
+        if not isinstance(child, dict | list):
             raise ConfigError(f"{where}: {key}: {part} is not a mapping")
         node = child
-    node[parts[-1]] = value
 
 
 def _format_validation_error(exc: ValidationError, where: str) -> str:

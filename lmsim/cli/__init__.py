@@ -78,13 +78,17 @@ def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search")
     file named, before any simulated time passes (shared by `run` and `validate`; only
     `run` may search for a capacity, announcing it and each probe on stderr)."""
     from lmsim.policies import POLICIES
+    from lmsim.policies.disagg import check_policy_shape
     from lmsim.study.experiment import load_workload_trace
 
     where = str(args.experiment)
     if config is None:
         config = _load_config(args)
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
-    POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    check_policy_shape(config.router.policy, config.cluster.is_disaggregated, where=f"{where}: router.policy")
+    policy = POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    if config.cluster.is_disaggregated:
+        policy.check_decode_choice(config.cluster.transfer.decode_choice, where=f"{where}: router.policy")
     _check_router_view(config, where)
     _check_kv_pools(config, where)
     _check_workload_source(config, where)
@@ -117,13 +121,15 @@ def _check_router_view(config, where: str) -> None:
 def _check_kv_pools(config, where: str) -> None:
     """Every pool's profile loads and leaves room for a KV cache (a field is named as the
     user wrote it: flat for a single-pool cluster, per pool otherwise)."""
+    from lmsim.engine.disagg import check_disaggregated_pools
     from lmsim.profile import load_cost_model
 
     cfg = config.cluster
+    models = {}
     for pool in cfg.pool_specs():
         engine = pool.engine
         prefix = "cluster." if cfg.pools is None else f"cluster.pools.{pool.name}."
-        cost_model = load_cost_model(engine["profile"])
+        cost_model = models[pool.name] = load_cost_model(engine["profile"])
         if engine["num_gpu_blocks"] is not None:
             continue
         blocks = cost_model.num_kv_blocks(cfg.block_size, engine["gpu_memory_utilization"])
@@ -134,6 +140,8 @@ def _check_kv_pools(config, where: str) -> None:
                 f"{where}: {prefix}gpu_memory_utilization: {engine['gpu_memory_utilization']} leaves no "
                 f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
             )
+    if cfg.is_disaggregated:
+        check_disaggregated_pools(cfg.pool_specs(), models, where)
 
 
 def _check_workload_source(config, where: str) -> None:
@@ -267,6 +275,16 @@ def format_summary(name: str, s: dict) -> str:
             f"{100 * s['slo_attainment']:.1f}%, goodput {s['goodput_per_s']:.3f} req/s"
         )
     lines.append(f"router {s['router_us_per_decision']:.1f} us/decision, {s['num_preemptions']} preemptions")
+    if "num_kv_transfers" in s:
+        mean_s, mean_b = s.get("kv_transfer_s_mean"), s.get("kv_transfer_bytes_mean")
+        lines.append(
+            f"kv transfers {s['num_kv_transfers']}"
+            + (f", mean {1000 * mean_s:.1f} ms of {mean_b / 1e6:.1f} MB" if mean_s is not None else "")
+            + f"; prefilled on their decode instance {s['num_prefilled_on_decode']}"
+        )
+    busy = {k.removeprefix("busy_fraction_"): v for k, v in s.items() if k.startswith("busy_fraction_") and v is not None}
+    if busy:
+        lines.append("busy " + ", ".join(f"{pool} {100 * v:.0f}%" for pool, v in busy.items()))
     return "\n".join(lines)
 
 
@@ -283,7 +301,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
             f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
             for key, p in params.items()
         )
-        print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
+        role = "[P/D] " if getattr(cls, "disaggregated", False) else ""  # routes prefill + decode pools
+        print(f"{name:16} {role}{cite_only_shipped_documents(doc[0]) if doc else ''}")
         print(f"{'':16} params: {shown or '(none)'}")
         for key, why in getattr(cls, "default_reasons", {}).items():
             default = params[key].default if key in params else "?"

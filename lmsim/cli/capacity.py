@@ -9,7 +9,7 @@ from lmsim.cli.options import add_plugin_option
 from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
 from lmsim.study.bundle import bundle_experiments
-from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, resolve_capacity
+from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, describe_reference, resolve_capacity
 
 
 def register_cli(subparsers: Any) -> None:
@@ -57,6 +57,7 @@ def cmd_capacity(args: Any) -> int:
     )  # fmt: skip
     rate = found.rate
     assert rate is not None
-    print(f"capacity: {rate:.4g} req/s ({found.source}, {len(found.probes)} probes); "
+    under = f" under {describe_reference(config)}" if config.cluster.is_disaggregated else ""
+    print(f"capacity: {rate:.4g} req/s{under} ({found.source}, {len(found.probes)} probes); "
           f"load 0.5 = {rate / 2:.4g} req/s")
     return 0

@@ -63,6 +63,24 @@ Simulation = Any  # the composition root that builds this (importing it would be
 PREFILLING, HANDING, AWAITING, TRANSFERRING, RELEASING = 0, 1, 2, 3, 4
 
 
+def check_disaggregated_pools(pools: list[Any], cost_models: dict[str, Any], where: str = "") -> None:
+    """One line (ConfigError) when a disaggregated cluster's pools cannot run: a `both` pool
+    among them, or a prefill profile that does not say how many KV bytes a token is."""
+    prefix = f"{where}: " if where else ""
+    both = [p.name for p in pools if p.role == "both"]
+    if both:
+        raise ConfigError(
+            f"{prefix}cluster.pools.{both[0]}.role: a disaggregated cluster has prefill and decode pools "
+            "only (a decode instance prefills a request itself when the policy bypasses the prefill pool)"
+        )
+    for pool in pools:
+        if pool.role == "prefill" and kv_bytes_per_token(cost_models[pool.name]) is None:
+            raise ConfigError(
+                f"{prefix}cluster.pools.{pool.name}.profile: a prefill pool's profile must state "
+                "kv_bytes_per_token (the KV bytes a transfer moves per token)"
+            )
+
+
 class Handoff:
     """One disaggregated request between its arrival and the landing of its KV."""
 
@@ -87,26 +105,13 @@ class Disaggregation:
         self.env = sim.env
         self.transfer = cfg.transfer
         self.block_size = cfg.block_size
-        both = [p.name for p in sim.pools if p.role == "both"]
-        if both:
-            raise ConfigError(
-                f"cluster.pools.{both[0]}.role: a disaggregated cluster has prefill and decode pools "
-                "only (a decode instance prefills a request itself when the policy bypasses the prefill pool)"
-            )
+        check_disaggregated_pools(sim.pools, sim.pool_cost_models)
         self.prefill_ids = [i.instance_id for i in sim.instances if i.pool.role == "prefill"]
         self.decode_ids = [i.instance_id for i in sim.instances if i.pool.role == "decode"]
-        self._kv_bytes: dict[int, float] = {}
-        for pool in sim.pools:
-            if pool.role != "prefill":
-                continue
-            per_token = kv_bytes_per_token(sim.pool_cost_models[pool.name])
-            if per_token is None:
-                raise ConfigError(
-                    f"cluster.pools.{pool.name}.profile: a prefill pool's profile must state "
-                    "kv_bytes_per_token (the KV bytes a transfer moves per token)"
-                )
-            for i in pool.instance_ids:
-                self._kv_bytes[i] = float(per_token)
+        self._kv_bytes = {
+            i: float(kv_bytes_per_token(sim.pool_cost_models[pool.name]))  # type: ignore[arg-type]
+            for pool in sim.pools if pool.role == "prefill" for i in pool.instance_ids
+        }
         bw = self.transfer.bandwidth_bytes_s
         self.network = TransferNetwork(sim.env, self.transfer.sharing)
         # one NIC per GPU, each direction its own channel

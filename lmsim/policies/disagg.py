@@ -46,9 +46,12 @@ class DisaggPolicy(Policy):
 
     def bind(self, ctx: DisaggContext) -> None:  # type: ignore[override]
         self.ctx = ctx
-        if ctx.decode_choice == "after_prefill" and self.decides_with_decode:
+        self.check_decode_choice(ctx.decode_choice, where="router.policy")
+
+    def check_decode_choice(self, decode_choice: str, *, where: str) -> None:
+        if decode_choice == "after_prefill" and self.decides_with_decode:
             raise ConfigError(
-                f"router.policy: {self.registry_name!r} as configured chooses the decode instance before "
+                f"{where}: {self.registry_name!r} as configured chooses the decode instance before "
                 "the prefill instance; it needs cluster.kv_transfer.decode_choice: at_arrival"
             )
 
@@ -184,9 +187,10 @@ class _TwoSides(DisaggPolicy):
 
 @POLICIES.register("pd")
 class PD(_TwoSides):
-    """Any two registered policies, one per role: `prefill_policy` picks the prefill instance
-    among the prefill pool(s), `decode_policy` the decode instance among the decode pool(s),
-    each bound to a view and context of its role only (its own profile, limits and seeded
+    """Any two registered policies: one picks the prefill instance, one the decode instance.
+
+    `prefill_policy` picks the prefill instance among the prefill pool(s), `decode_policy`
+    the decode instance among the decode pool(s), each bound to a view and context of its role only (its own profile, limits and seeded
     stream). The prefill side hears of a request at routing and when its prefill is done
     (its first token and its end: the leg's); the decode side at routing, at the client's
     first token and at its end.
@@ -222,8 +226,9 @@ class PD(_TwoSides):
 
 @POLICIES.register("dynamo_disagg")
 class DynamoDisagg(_TwoSides):
-    """NVIDIA Dynamo's disaggregated router: a prefill router, then a decode router, both
-    the `dynamo` KV-router cost (policies.md §3) with the overrides Dynamo applies.
+    """NVIDIA Dynamo's disaggregated router: a KV-aware prefill router, a load-only decode router.
+
+    Both are the `dynamo` KV-router cost (policies.md §3) with the overrides Dynamo applies.
 
     * Prefill router: "always disables active block tracking" (docs.nvidia.com/dynamo,
       "Disaggregated Serving", v1.6.x): cost = prefill_load_scale · (pending prefill tokens
@@ -290,9 +295,11 @@ class DynamoDisagg(_TwoSides):
 
 @POLICIES.register("llmd_pd")
 class LlmdPD(_TwoSides):
-    """llm-d's P/D scheduler (`llm-d/llm-d-inference-scheduler` @520af478,
+    """llm-d's P/D scheduler: the decode pod first, a prefill pod only if enough is uncached there.
+
+    In `llm-d/llm-d-inference-scheduler` @520af478,
     `pkg/epp/framework/plugins/scheduling/profilehandler/disagg/disagg_profile_handler.go`
-    `Pick`, L246-320): the decode profile runs first (L264) and picks the decode endpoint;
+    `Pick` (L246-320), the decode profile runs first (L264) and picks the decode endpoint;
     the prefill profile runs only if the prefill decider approves for that endpoint
     (L297-300). `prefix_based_pd_decider.go::disaggregate` (L99-149): no P/D when
     `nonCachedTokens` is 0 (its default, L54) or the prompt is shorter than it; else P/D iff
