@@ -80,6 +80,9 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# Keys of a cluster's pools and KV transfer: they move with the policy when disaggregated
+# runs sit beside colocated ones, and would otherwise fill the legend.
+_SHAPE_KEYS = ("cluster.pools.", "cluster.kv_transfer.")
 # Short names a reader knows; every other key is shortened to its last component.
 SHORT_NAMES = {"workload.generator.name": "trace", "workload.trace": "trace", "router.policy": "policy"}
 
@@ -245,6 +248,8 @@ class RunSet:
         label = str(row.get("policy", row.get("router.policy", "run")))
         config = self.configs.get(row["run"], {})
         for k in self.varying(self.series_keys()):
+            if k.startswith(_SHAPE_KEYS):
+                continue  # how a disaggregated cluster is laid out, not what tells its lines apart
             value = config.get(k, row.get(k))  # the config keeps 2 an int where the index has 2.0
             if k != "router.policy" and value is not None and not (isinstance(value, float) and np.isnan(value)):
                 label += f", {short_key(k)}={fmt(value)}"
