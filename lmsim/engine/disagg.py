@@ -50,6 +50,7 @@ from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.instance import materialize_all
 from lmsim.engine.links import Channel, Transfer, TransferNetwork
 from lmsim.engine.request import Request
+from lmsim.engine.router import RouterBase
 from lmsim.errors import ConfigError
 from lmsim.profile import kv_bytes_per_token
 
@@ -199,6 +200,7 @@ class Disaggregation:
     def on_leg_rejected(self, leg: Request) -> None:
         h = self.handoffs.pop(leg.request_id)
         _fold(leg, h.client)
+        self.policy.on_prefill_done(leg)  # the prefill side's counters let go of it
         self.sim._on_engine_rejected(h.client)
 
     def _to_decode(self, h: Handoff, now: float) -> None:
@@ -328,25 +330,17 @@ class _DecodeSide:
         return False
 
 
-class DisaggRouter:
+class DisaggRouter(RouterBase):
     """The router of a disaggregated cluster: the policy names a (prefill, decode) pair."""
 
     def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any) -> None:
+        super().__init__(disagg.sim.instances, cluster, policy, adapter)
         self.disagg = disagg
         self.sim = disagg.sim
-        self.instances = disagg.sim.instances
-        self.cluster = cluster
-        self.policy = policy
-        self.adapter = adapter
         disagg.policy = policy
         disagg.router = self
         self._prefill = set(disagg.prefill_ids)
         self._decode = set(disagg.decode_ids)
-        self.num_decisions = 0
-        self.decision_wall_s = 0.0
-
-    def _view(self) -> Any:
-        return self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
 
     def _check(self, choice: Any, allowed: set[int], what: str) -> int:
         if not isinstance(choice, (int, np.integer)) or int(choice) not in allowed:
@@ -356,7 +350,7 @@ class DisaggRouter:
     def route(self, request: Request, now: float) -> None:
         materialize_all(self.instances, now)
         started = time.perf_counter()
-        prefill, decode = self.policy.choose_pair(request, self._view())
+        prefill, decode = self.policy.choose_pair(request, self.view())
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
         if prefill is None and decode is None:
@@ -382,7 +376,7 @@ class DisaggRouter:
         """`decode_choice: after_prefill`: the decode instance, now that the prefill is done."""
         materialize_all(self.instances, now)
         started = time.perf_counter()
-        choice = self.policy.choose_decode(request, self._view())
+        choice = self.policy.choose_decode(request, self.view())
         self.decision_wall_s += time.perf_counter() - started
         d = self._check(choice, self._decode, "decode")
         request.instance_id = d
@@ -390,10 +384,6 @@ class DisaggRouter:
             self.adapter.on_routed(request, d)
         self.policy.on_decode_chosen(request, d)
         return d
-
-    @property
-    def us_per_decision(self) -> float:
-        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0
 
 
 class DisaggContext:
