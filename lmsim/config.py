@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +25,29 @@ from pydantic import (
 )
 
 from lmsim.errors import ConfigError, LmsimError, suggest
-from lmsim.profile.base import LinearCostModel
+from lmsim.profile.inline import check_inline_profile
 
 T = TypeVar("T")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """A pool as the engine builds it: every engine field resolved."""
+
+    name: str
+    role: str  # both | prefill | decode
+    num_instances: int
+    first_instance: int  # global id of its first instance
+    engine: dict[str, Any]  # POOL_ENGINE_FIELDS -> value
+    kv_tiers: KVTiersConfig | None
+
+    @property
+    def instance_ids(self) -> range:
+        return range(self.first_instance, self.first_instance + self.num_instances)
 
 
 class GeneratorConfig(_Strict):
@@ -93,6 +108,114 @@ class WorkloadConfig(_Strict):
         return self
 
 
+POOL_ENGINE_FIELDS = (
+    "profile", "gpu_memory_utilization", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
+    "long_prefill_token_threshold", "enable_prefix_caching", "admission", "watermark_blocks_fraction",
+    "max_waiting", "max_model_len",
+)  # the cluster's engine fields a pool may set for itself (unset: the cluster's value)
+
+
+class TierConfig(_Strict):
+    """One lower KV tier of an instance (host memory or local disk)."""
+
+    capacity_blocks: int | None = Field(None, gt=0, description="capacity in KV blocks")
+    capacity_gb: float | None = Field(
+        None, gt=0, description="capacity in GB (1e9 bytes), divided by the profile's KV bytes per block"
+    )
+    read_bytes_s: float = Field(gt=0, description="bandwidth towards the GPU (load), bytes/s")
+    write_bytes_s: float = Field(gt=0, description="bandwidth from the GPU (store), bytes/s")
+    latency_s: float = Field(0.0, ge=0, description="first-byte latency of each transfer, s")
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> TierConfig:
+        if (self.capacity_blocks is None) == (self.capacity_gb is None):
+            raise ValueError("set exactly one of capacity_blocks and capacity_gb")
+        return self
+
+
+class KVTiersConfig(_Strict):
+    """Lower KV tiers per instance (issue 26): blocks leave the GPU to host memory (and disk)
+    and come back over PCIe instead of being recomputed."""
+
+    host: TierConfig | None = Field(None, description="host memory (CPU DRAM) tier")
+    disk: TierConfig | None = Field(None, description="local disk tier, below host memory")
+    store: Literal["write_through", "on_eviction"] = Field(
+        "write_through",
+        description="copy every computed block down as it is computed (vLLM OffloadingConnector, "
+        "LMCache, SGLang write_through, Dynamo KVBM) or only when the GPU evicts it (SGLang write_back)",
+    )
+    store_scope: Literal["all", "prompt"] = Field(
+        "all", description="blocks stored: prompt and output (vLLM) or prompt only (LMCache default, Dynamo's mocker)"
+    )
+    load: Literal["before_admission", "in_step"] = Field(
+        "before_admission",
+        description="a lower-tier hit is loaded while the request waits and other requests run "
+        "(vLLM's connectors, Dynamo's mocker), or inside the step that admits it (LMCache synchronous)",
+    )
+    sharing: Literal["fifo", "fair", "none"] = Field(
+        "fifo", description="how concurrent copies share an instance's PCIe lanes and disk"
+    )
+
+    @model_validator(mode="after")
+    def _disk_below_host(self) -> KVTiersConfig:
+        if self.disk is not None and self.host is None:
+            raise ValueError("a disk tier sits below a host tier: set kv_tiers.host too")
+        return self
+
+
+class KVTransferConfig(_Strict):
+    """How a prefill instance's KV reaches a decode instance (issue 25)."""
+
+    bandwidth_bytes_s: float = Field(
+        50e9, gt=0,
+        description="per-GPU NIC bandwidth, bytes/s (50e9: one 400 Gb/s RDMA NIC per GPU at line "
+        "rate; Mooncake measured about 24e9 per NIC; NVLink inside a node about 450e9)",
+    )
+    latency_s: float = Field(0.0, ge=0, description="first-byte latency of each transfer, s")
+    sharing: Literal["fair", "fifo", "none"] = Field(
+        "fair", description="concurrent transfers share NICs max-min fairly, queue, or ignore each other (Dynamo's mocker)"
+    )
+    tokens: Literal["destination_missing", "full_prompt"] = Field(
+        "destination_missing",
+        description="transfer only the prompt blocks the decode instance does not cache (vLLM "
+        "NixlConnector) or the whole prompt (Dynamo's mocker default)",
+    )
+    decode_choice: Literal["at_arrival", "after_prefill"] = Field(
+        "at_arrival",
+        description="the decode instance is chosen with the prefill instance when the request "
+        "arrives (Dynamo, llm-d) or when its prefill completes",
+    )
+
+
+class PoolConfig(_Strict):
+    """A named group of identical instances with one role (issue 25)."""
+
+    name: str = Field(min_length=1)
+    role: Literal["both", "prefill", "decode"] = Field(
+        "both", description="prefill and decode on the same instance, or one side of a disaggregated pair"
+    )
+    num_instances: int = Field(gt=0, le=1024)
+    profile: str | dict[str, Any] | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    num_gpu_blocks: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    long_prefill_token_threshold: int | None = Field(None, ge=0)
+    enable_prefix_caching: bool | None = None
+    admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] | None = None
+    watermark_blocks_fraction: float | None = Field(None, ge=0, lt=1)
+    max_waiting: int | None = Field(None, gt=0)
+    max_model_len: int | None = Field(None, gt=1)
+    kv_tiers: KVTiersConfig | None = Field(None, description="this pool's lower tiers (default: the cluster's)")
+
+    @field_validator("profile")
+    @classmethod
+    def _inline_profile(cls, spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(spec, dict):
+            check_inline_profile(spec)
+        return spec
+
+
 class ClusterConfig(_Strict):
     num_instances: int = Field(16, gt=0, le=1024, description="instances (one GPU each)")
     profile: str | dict[str, Any] = Field(
@@ -138,8 +261,83 @@ class ClusterConfig(_Strict):
         # file and field instead of surfacing as a Python TypeError (or, for a negative
         # cost, as a step that ends before it starts) once the run has begun.
         if isinstance(spec, dict):
-            _check_linear_profile(spec)
+            check_inline_profile(spec)
         return spec
+
+    pools: list[PoolConfig] | None = Field(
+        None, min_length=1,
+        description="named pools of instances (roles, profiles, engine settings); absent: one pool "
+        "of num_instances instances with the fields above",
+    )
+    kv_transfer: KVTransferConfig | None = Field(
+        None, description="prefill-to-decode KV transfer of disaggregated pools (absent: the defaults "
+        "of KVTransferConfig); None keeps a single-pool config's serialized form as it was",
+    )
+    kv_tiers: KVTiersConfig | None = Field(None, description="host memory / disk KV tiers of every instance")
+
+    @model_validator(mode="after")
+    def _pool_shape(self) -> ClusterConfig:
+        if self.pools is None:
+            return self
+        if "num_instances" in self.model_fields_set:
+            raise ValueError("num_instances: set it per pool when cluster.pools is given")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"pools: two pools are named {dup!r}")
+        roles = {p.role for p in self.pools}
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError("pools: a prefill pool needs a decode pool to hand its requests to")
+        if "decode" in roles and "prefill" not in roles:
+            raise ValueError("pools: a decode pool needs a prefill pool to receive requests from")
+        if sum(p.num_instances for p in self.pools) > 1024:
+            raise ValueError("pools: at most 1024 instances in all")
+        return self
+
+    @model_validator(mode="after")
+    def _transfer_needs_pools(self) -> ClusterConfig:
+        if self.kv_transfer is not None and not self.is_disaggregated:
+            raise ValueError("kv_transfer: only a cluster with prefill and decode pools transfers KV")
+        return self
+
+    @property
+    def transfer(self) -> KVTransferConfig:
+        return self.kv_transfer if self.kv_transfer is not None else KVTransferConfig()
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.pools is not None and any(p.role != "both" for p in self.pools)
+
+    def pool_specs(self) -> list[PoolSpec]:
+        """Every pool with each engine field resolved (the pool's own value, else the
+        cluster's), in order; the instances of pool k follow those of pools 0..k-1."""
+        if self.pools is None:
+            return [PoolSpec("default", "both", self.num_instances, 0,
+                             {f: getattr(self, f) for f in POOL_ENGINE_FIELDS}, self.kv_tiers)]
+        out, first = [], 0
+        for pool in self.pools:
+            fields = {
+                f: getattr(self, f) if getattr(pool, f) is None else getattr(pool, f) for f in POOL_ENGINE_FIELDS
+            }
+            tiers = pool.kv_tiers if pool.kv_tiers is not None else self.kv_tiers
+            out.append(PoolSpec(pool.name, pool.role, pool.num_instances, first, fields, tiers))
+            first += pool.num_instances
+        return out
+
+    def describe(self) -> str:
+        """One line: `16 instances` or `pools prefill 4 x h20/qwen3-30b-a3b (prefill), ...`."""
+        if self.pools is None:
+            return f"{self.num_instances} instances"
+        parts = []
+        for pool in self.pool_specs():
+            profile = pool.engine["profile"]
+            name = profile if isinstance(profile, str) else profile.get("kind", "linear")
+            parts.append(f"{pool.name} {pool.num_instances} x {name} ({pool.role})")
+        return "pools " + ", ".join(parts)
+
+    @property
+    def total_instances(self) -> int:
+        return self.num_instances if self.pools is None else sum(p.num_instances for p in self.pools)
 
 
 class RouterConfig(_Strict):
@@ -213,7 +411,13 @@ class ExperimentConfig(_Strict):
     _source_dir: Path | None = PrivateAttr(None)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        out = self.model_dump(mode="json")
+        # Sections a single-pool cluster does not use are left out while unset, so its
+        # resolved config (config.yaml, rerun and resume checks) reads as it always did.
+        for key in _CLUSTER_SECTIONS_OMITTED_WHEN_UNSET:
+            if out["cluster"].get(key) is None:
+                out["cluster"].pop(key, None)
+        return out
 
     @property
     def source_dir(self) -> Path | None:
@@ -234,32 +438,7 @@ class ExperimentConfig(_Strict):
     __hash__ = None  # type: ignore[assignment]  # params are dicts: never hashable
 
 
-_LINEAR_FIELDS = tuple(
-    f.name for f in dataclasses.fields(LinearCostModel) if f.name != "name"
-)
-
-
-def _check_linear_profile(spec: dict[str, Any]) -> None:
-    kind = spec.get("kind", "linear")
-    if kind != "linear":
-        raise ValueError(f"unknown profile kind {kind!r} (known: linear)")
-    for key in spec:
-        if key != "kind" and key not in _LINEAR_FIELDS:
-            raise ValueError(
-                f"unknown field {key!r} for a linear profile (fields: {', '.join(_LINEAR_FIELDS)})"
-            )
-    if "step_base_s" not in spec:
-        raise ValueError("a linear profile needs step_base_s")
-    for key in _LINEAR_FIELDS:
-        if key not in spec:
-            continue
-        value = spec[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{key} must be a finite number (got {value!r})")
-        # Steps must take positive time, or simulated time could stand still.
-        if value < 0 or (key == "step_base_s" and value == 0):
-            bound = "> 0" if key == "step_base_s" else ">= 0"
-            raise ValueError(f"{key} must be {bound} (got {value!r})")
+_CLUSTER_SECTIONS_OMITTED_WHEN_UNSET = ("pools", "kv_transfer", "kv_tiers")
 
 
 def _parse_value(text: str) -> Any:
@@ -310,19 +489,35 @@ def _naming_set(message: str, where: str, item: str) -> str:
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str, label: str | None = None) -> None:
-    """Set a dotted key, creating mappings on the way; errors name `label` (a --set
-    argument), else `where: key`."""
+    """Set `a.b.c` in nested mappings (made as needed); a number after a list names one of
+    its entries (`cluster.pools.0.num_instances`). Errors name `label` (a --set argument),
+    else `where: key`."""
     parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
+    node: Any = raw
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"{label or f'{where}: {key}'}: {'.'.join(parts[:depth])} has no entry {part!r} ({len(node)} entries)"
+                )
+            if last:
+                node[int(part)] = value
+                return
+            node = node[int(part)]
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"{label or f'{where}: {key}'}: {'.'.join(parts[: depth + 1])} is not a mapping")
+            continue
+        if last:
+            node[part] = value
+            return
         child = node.get(part)
         if child is None:
             child = {}
             node[part] = child
-        if not isinstance(child, dict):
+        if not isinstance(child, dict | list):
             raise ConfigError(f"{label or f'{where}: {key}'}: {part} is not a mapping")
         node = child
-    node[parts[-1]] = value
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:

@@ -59,6 +59,8 @@ def make_config(**sections: Any) -> ExperimentConfig:
             raw[key] = {**raw[key], **value}
         else:
             raw[key] = value
+    if "pools" in raw["cluster"]:  # pools give their own instance counts
+        raw["cluster"].pop("num_instances", None)
     return validate(raw, where="test")
 
 

@@ -78,12 +78,15 @@ def _load_config(args: argparse.Namespace):
 def _check_config(config, where: str) -> None:
     """Policy and its parameters, router view, profile and KV pool, workload source."""
     from lmsim.policies import POLICIES
-    from lmsim.profile import load_cost_model
+    from lmsim.policies.disagg import check_policy_shape
 
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
-    POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    check_policy_shape(config.router.policy, config.cluster.is_disaggregated, where=f"{where}: router.policy")
+    policy = POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    if config.cluster.is_disaggregated:
+        policy.check_decode_choice(config.cluster.transfer.decode_choice, where=f"{where}: router.policy")
     _check_router_view(config, where)
-    _check_kv_pool(config, load_cost_model(config.cluster.profile), where)
+    _check_kv_pools(config, where)
     _check_workload_source(config, where)
 
 
@@ -121,20 +124,30 @@ def _check_router_view(config, where: str) -> None:
         raise ConfigError(f"{where}: router.view: {exc}") from None
 
 
-def _check_kv_pool(config, cost_model, where: str) -> None:
+def _check_kv_pools(config, where: str) -> None:
+    """Every pool's profile loads and leaves room for a KV cache (a field is named as the
+    user wrote it: flat for a single-pool cluster, per pool otherwise)."""
+    from lmsim.engine.disagg import check_disaggregated_pools
+    from lmsim.profile import load_cost_model
+
     cfg = config.cluster
-    if cfg.num_gpu_blocks is not None:
-        return
-    blocks = cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
-    if blocks is None:
-        raise ConfigError(
-            f"{where}: cluster.num_gpu_blocks: required with a profile that has no memory facts"
-        )
-    if blocks <= 0:
-        raise ConfigError(
-            f"{where}: cluster.gpu_memory_utilization: {cfg.gpu_memory_utilization} leaves no "
-            f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
-        )
+    models = {}
+    for pool in cfg.pool_specs():
+        engine = pool.engine
+        prefix = "cluster." if cfg.pools is None else f"cluster.pools.{pool.name}."
+        cost_model = models[pool.name] = load_cost_model(engine["profile"])
+        if engine["num_gpu_blocks"] is not None:
+            continue
+        blocks = cost_model.num_kv_blocks(cfg.block_size, engine["gpu_memory_utilization"])
+        if blocks is None:
+            raise ConfigError(f"{where}: {prefix}num_gpu_blocks: required with a profile that has no memory facts")
+        if blocks <= 0:
+            raise ConfigError(
+                f"{where}: {prefix}gpu_memory_utilization: {engine['gpu_memory_utilization']} leaves no "
+                f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
+            )
+    if cfg.is_disaggregated:
+        check_disaggregated_pools(cfg.pool_specs(), models, where)
 
 
 def _check_workload_source(config, where: str) -> None:
@@ -159,7 +172,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate_sweep(args, config)
     config, trace = _prepare(args, config, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
-          f"{config.cluster.num_instances} instances)")
+          f"{config.cluster.describe()})")
     load = describe_load(load_resolution(config, trace))
     if load:
         print(load)
@@ -294,6 +307,16 @@ def format_summary(name: str, s: dict) -> str:
             f"{100 * s['slo_attainment']:.1f}%, goodput {s['goodput_per_s']:.3f} req/s"
         )
     lines.append(f"router {s['router_us_per_decision']:.1f} us/decision, {s['num_preemptions']} preemptions")
+    if "num_kv_transfers" in s:
+        mean_s, mean_b = s.get("kv_transfer_s_mean"), s.get("kv_transfer_bytes_mean")
+        lines.append(
+            f"kv transfers {s['num_kv_transfers']}"
+            + (f", mean {1000 * mean_s:.1f} ms of {mean_b / 1e6:.1f} MB" if mean_s is not None else "")
+            + f"; prefilled on their decode instance {s['num_prefilled_on_decode']}"
+        )
+    busy = {k.removeprefix("busy_fraction_"): v for k, v in s.items() if k.startswith("busy_fraction_") and v is not None}
+    if busy:
+        lines.append("busy " + ", ".join(f"{pool} {100 * v:.0f}%" for pool, v in busy.items()))
     return "\n".join(lines)
 
 

@@ -168,7 +168,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES.names()) + 2
     for name in POLICIES.names():
         cls = POLICIES.get(name)
-        _print_entries([(name, first_paragraph(inspect.getdoc(cls) or ""))], width)
+        role = "[P/D] " if getattr(cls, "disaggregated", False) else ""  # routes prefill + decode pools
+        _print_entries([(name, role + first_paragraph(inspect.getdoc(cls) or ""))], width)
         _print_parameters(name, cls, indent=width)
     return 0
 

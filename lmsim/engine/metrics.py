@@ -64,6 +64,11 @@ class Recorder:
         self.lookup_hit_tokens = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.samples: list[tuple[float, int, int, int, int, float, int, int]] = []
+        self.handoffs: HandoffRecords | None = None  # disaggregated clusters only
+
+    def enable_handoffs(self) -> HandoffRecords:
+        self.handoffs = HandoffRecords(len(self.status))
+        return self.handoffs
 
     def arrived(self, request: Request) -> None:
         self.arrived_at[request.request_id] = request.arrived_at
@@ -110,3 +115,25 @@ class Recorder:
         self.samples.append(
             (now, instance_id, num_running, num_waiting, num_prefilling, kv_usage, pending_prefill_tokens, total_tokens)
         )
+
+
+class HandoffRecords:
+    """Per request of a disaggregated cluster (columns only such runs have): where its
+    prefill ran and how its KV reached the decode instance. A request prefilled on its decode
+    instance (a bypass) keeps them null; one whose decode instance already cached every
+    whole prompt block has a transfer of 0 bytes and 0 s.
+
+    * `prefill_instance_id`: the prefill instance; `instance_id` is the decode instance;
+    * `prefill_done_at`: when the prefill instance computed the prompt (its own first token,
+      never shown to the client);
+    * `kv_transfer_start_at`: when the decode instance had allocated the blocks and the
+      transfer began (after any wait for room there: the prefill instance holds the KV
+      meanwhile); `kv_transfer_s`: first byte queued to last byte landed; `kv_transfer_bytes`.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.prefill_instance_id = np.full(n, -1, dtype=np.int64)
+        self.prefill_done_at = np.full(n, np.nan)
+        self.kv_transfer_start_at = np.full(n, np.nan)
+        self.kv_transfer_s = np.full(n, np.nan)
+        self.kv_transfer_bytes = np.full(n, -1, dtype=np.int64)

@@ -82,6 +82,12 @@ class Request:
     pending_prefill: int = 0  # tokens counted in the instance's pending-prefill total
     finish_step: int = 0  # step counter value at whose end a decoding request finishes
     decoding: bool = False
+    # KV from a connector (lmsim.engine.connector): blocks being loaded, and whether the
+    # request waits holding loaded blocks (admitted next without a lookup).
+    kv_external_blocks: int = 0
+    kv_loaded: bool = False
+    kv_load_seq: int = 0  # loading order, so loaded requests keep their queue order
+    kv_held_extra: int = 0  # unnamed tail blocks a held (finished) request still holds
     # The last prefix-cache match: valid while the cache's version and the cap are these.
     hit_memo_version: int = 0
     hit_memo_cap: int = -1

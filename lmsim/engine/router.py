@@ -25,12 +25,22 @@ from lmsim.policies.base import Policy
 class LiveInstanceView:
     """A read-only window on one instance. Reading is side-effect free for the simulation."""
 
-    __slots__ = ("_instance", "_scheduler", "instance_id")
+    __slots__ = (
+        "_instance", "_scheduler", "cost_model", "instance_id", "max_num_batched_tokens", "max_num_seqs",
+        "pool", "role",
+    )
 
     def __init__(self, instance: Instance) -> None:
         self._instance = instance
         self._scheduler = instance.scheduler
         self.instance_id = instance.instance_id
+        # What the instance is, fixed for the run: mixed fleets price each on its own profile.
+        pool = instance.pool
+        self.pool = pool.name if pool is not None else "default"
+        self.role = pool.role if pool is not None else "both"
+        self.cost_model = instance.scheduler.cost_model
+        self.max_num_batched_tokens = instance.scheduler.max_num_batched_tokens
+        self.max_num_seqs = instance.scheduler.max_num_seqs
 
     @property
     def num_running(self) -> int:
@@ -119,7 +129,27 @@ class LiveClusterView:
         return [b * bs for b in self._index.match_blocks(request.block_hashes, cap)]
 
 
-class Router:
+class RouterBase:
+    """What every router keeps: the instances, the exact cluster view and the adapter that
+    turns it into what the policy knows (`router.view`), and the wall time decisions take."""
+
+    def __init__(self, instances: Sequence[Instance], cluster: LiveClusterView, policy: Any, adapter: Any) -> None:
+        self.instances = instances
+        self.cluster = cluster
+        self.policy = policy
+        self.adapter = adapter
+        self.num_decisions = 0
+        self.decision_wall_s = 0.0
+
+    def view(self) -> Any:
+        return self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
+
+    @property
+    def us_per_decision(self) -> float:
+        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0
+
+
+class Router(RouterBase):
     def __init__(
         self,
         instances: Sequence[Instance],
@@ -128,20 +158,14 @@ class Router:
         adapter: Any,
         on_dispatch: Callable[[Request, int], bool],
     ) -> None:
-        self.instances = instances
-        self.cluster = cluster
-        self.policy = policy
-        self.adapter = adapter
+        super().__init__(instances, cluster, policy, adapter)
         self._on_dispatch = on_dispatch
-        self.num_decisions = 0
-        self.decision_wall_s = 0.0
 
     def route(self, request: Request, now: float) -> int | None:
         """Choose an instance and submit the request there; None if it was rejected."""
         materialize_all(self.instances, now)
         started = time.perf_counter()
-        view = self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
-        choice = self.policy.choose(request, view)
+        choice = self.policy.choose(request, self.view())
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
         if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < len(self.instances):
@@ -161,7 +185,3 @@ class Router:
             self.adapter.on_routed(request, choice)
         self.policy.on_routed(request, choice)
         return choice
-
-    @property
-    def us_per_decision(self) -> float:
-        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0

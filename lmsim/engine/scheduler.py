@@ -35,6 +35,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
+from lmsim.engine.connector import KVConnector
 from lmsim.engine.kv_cache import ANON, PrefixCache
 from lmsim.engine.request import Request, RequestState
 from lmsim.profile.base import StepCostModel
@@ -135,6 +136,11 @@ class InstanceScheduler:
         # Waiting requests dropped because they can never be admitted again (see
         # `_never_fits`); the instance collects them after each plan.
         self.rejected: list[Request] = []
+        # The KV connector seam (lmsim.engine.connector); None: no external KV at all.
+        self.connector: KVConnector | None = None
+        self.loading: dict[Request, None] = {}  # blocks allocated, bytes on their way
+        self.held: dict[Request, None] = {}  # finished, blocks kept for a reader
+        self._load_counter = 0
 
     # -- views ---------------------------------------------------------------------------
 
@@ -144,7 +150,8 @@ class InstanceScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        # vLLM counts requests waiting for remote KV among the waiting ones
+        return len(self.waiting) + len(self.loading)
 
     @property
     def decode_context_tokens(self) -> int:
@@ -176,8 +183,11 @@ class InstanceScheduler:
     def queued_prefills(self) -> list[tuple[int, int]]:
         out = [(r.num_tokens_target - r.num_computed_tokens, r.num_computed_tokens) for r in self.prefilling]
         for r in self.waiting:
-            hit = self.hit_blocks(r) * self.block_size
+            hit = r.num_computed_tokens if r.kv_loaded else self.hit_blocks(r) * self.block_size
             out.append((r.num_tokens_target - hit, hit))
+        for r in self.loading:
+            done = self._loaded_tokens(r)
+            out.append((r.num_tokens_target - done, done))
         return out
 
     def outputs_of(self, request: Request) -> int:
@@ -220,8 +230,10 @@ class InstanceScheduler:
         plan = self._plan_aggregate(s, now, decodes_allocated)
         if plan is None:
             plan = self._plan_exact(s, now)
-        if not plan.num_tokens and self.is_idle:
-            self._alloc_through = s  # only a rejection happened: no step to run
+        if not plan.num_tokens and (self.is_idle or (not plan.preempted and (self.loading or self.held))):
+            # Only a rejection happened, or nothing fits until a load lands or held blocks
+            # are freed: no step to run; the connector's callback wakes the instance.
+            self._alloc_through = s
             return None
         plan.long_prefill_cap = self._cap
         self._alloc_through = s + 1
@@ -271,6 +283,10 @@ class InstanceScheduler:
         either; stepping then re-checks the head on the real state."""
         head = self.waiting[0]
         budget_left = self.max_num_batched_tokens - self.num_decoding
+        if self.connector is not None:
+            # What a connector can load changes with state outside this instance (another
+            # instance's prefill, a tier's copies): re-check the head at every step.
+            return 1
         if not self.enable_prefix_caching or budget_left <= 0 or len(self.running) >= self.max_num_seqs:
             return k  # blocked whatever the cache holds
         bs = self.block_size
@@ -427,7 +443,12 @@ class InstanceScheduler:
         head = self.waiting[0]
         if self.watermark_blocks and self._never_fits(head):
             return False
-        return self._admission_need(head, budget_left)[3] > self.cache.num_free_blocks
+        need = self._admission_need(head, budget_left)
+        if self.connector is not None and not head.kv_loaded:
+            external = self.connector.external_blocks(self, head, need[0])
+            if external:
+                return self._load_need(head, need[0], external) > self.cache.num_free_blocks
+        return need[3] > self.cache.num_free_blocks
 
     def _never_fits(self, request: Request) -> bool:
         """Under `whole_prompt_watermark`, a request whose whole sequence so far needs more
@@ -462,6 +483,10 @@ class InstanceScheduler:
         Free hit blocks count in every rule: touching them takes them out of the free
         queue (vLLM `get_num_blocks_to_allocate` adds `num_evictable_blocks`)."""
         bs = self.block_size
+        if request.kv_loaded:  # holds its loaded blocks: no lookup, only the rest to allocate
+            q = self._chunk_size(request, budget_left)
+            new_blocks = self._new_blocks_for_chunk(request, q)
+            return len(request.block_keys), q, new_blocks, new_blocks
         hit_blocks = self.hit_blocks(request)
         hit = hit_blocks * bs
         target = request.num_tokens_target
@@ -580,7 +605,21 @@ class InstanceScheduler:
             if self.watermark_blocks and self._never_fits(request):
                 self._drop_waiting_head()
                 continue
+            if request.kv_loaded:
+                _held, q, new_blocks, consumed = self._admission_need(request, budget_left)
+                if consumed > cache.num_free_blocks:
+                    break
+                self.waiting.popleft()
+                request.kv_loaded = False
+                self._start_running(request, q, new_blocks, plan)
+                budget_left -= q
+                continue
             hit_blocks, q, new_blocks, consumed = self._admission_need(request, budget_left)
+            external = 0
+            if self.connector is not None:
+                external = self.connector.external_blocks(self, request, hit_blocks)
+                if external:
+                    consumed = self._load_need(request, hit_blocks, external)
             if consumed > cache.num_free_blocks:
                 break
             self.waiting.popleft()
@@ -594,17 +633,99 @@ class InstanceScheduler:
             if self.enable_prefix_caching:
                 request.lookup_tokens += request.num_tokens_target
                 request.lookup_hit_tokens += hit_blocks * bs
-            request.state = _RUNNING
-            self._admit_counter += 1
-            request.admit_seq = self._admit_counter
-            self.running.append(request)
-            self.prefilling.append(request)
-            self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
-            self._allocate_chunk(request, q, new_blocks)
-            plan.chunks.append((request, q))
-            plan.admitted.append(request)
-            plan.num_tokens += q
+            if external:
+                self._start_load(request, hit_blocks, external)
+                continue  # no tokens scheduled: the budget is untouched
+            self._start_running(request, q, new_blocks, plan)
             budget_left -= q
+
+    def _start_running(self, request: Request, q: int, new_blocks: int, plan: StepPlan) -> None:
+        """An admitted request joins the running batch with its first chunk of q tokens."""
+        request.state = _RUNNING
+        self._admit_counter += 1
+        request.admit_seq = self._admit_counter
+        self.running.append(request)
+        self.prefilling.append(request)
+        self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
+        self._allocate_chunk(request, q, new_blocks)
+        plan.chunks.append((request, q))
+        plan.admitted.append(request)
+        plan.num_tokens += q
+
+    # -- external KV (lmsim.engine.connector) ---------------------------------------------
+
+    def _load_need(self, request: Request, hit_blocks: int, external: int) -> int:
+        """Free blocks an admission that loads `external` blocks consumes: their blocks (no
+        tokens are scheduled now, vLLM `allocate_slots` with num_new_tokens 0) and those of
+        the first chunk after the load (see `_chunk_after_load`), plus the free hit blocks it
+        touches; `full_sequence` still demands room for the whole sequence."""
+        touched_free = self.cache.num_free_among(request.kv_hashes, hit_blocks)
+        need = external + self._chunk_after_load(request, hit_blocks + external)
+        if self.admission == "first_chunk":
+            return need + touched_free
+        full_blocks = -(-request.num_tokens_target // self.block_size) - hit_blocks
+        return max(need, full_blocks) + touched_free + self.watermark_blocks
+
+    def _chunk_after_load(self, request: Request, blocks: int) -> int:
+        """Blocks beyond the first `blocks` (hit and loaded) that the request's first chunk
+        after the load needs, reserved when the load starts. vLLM allocates only the loaded
+        blocks; then requests that wait, loaded, for one more block each can fill the pool
+        while nothing runs, and the instance stalls for good. Dynamo's mocker reserves this
+        completion headroom before a handoff (`destination_handoff_completion_headroom`)."""
+        loaded = min(blocks * self.block_size, request.num_tokens_target - 1)
+        q = request.num_tokens_target - loaded
+        if 0 < self.long_prefill_token_threshold < q:
+            q = self.long_prefill_token_threshold
+        q = min(q, self.max_num_batched_tokens)
+        return max(0, -(-(loaded + q) // self.block_size) - blocks)
+
+    def _loaded_tokens(self, request: Request) -> int:
+        """Tokens computed once a load lands: every hit and loaded block, one token fewer
+        when they cover them all (a token must be computed to sample one)."""
+        blocks = request.num_cached_blocks + request.kv_external_blocks
+        return min(blocks * self.block_size, request.num_tokens_target - 1)
+
+    def _start_load(self, request: Request, hit_blocks: int, external: int) -> None:
+        assert self.connector is not None
+        reserved = self._chunk_after_load(request, hit_blocks + external)
+        request.block_keys.extend(self.cache.allocate(external + reserved))
+        request.kv_external_blocks = external
+        self._load_counter += 1
+        request.kv_load_seq = self._load_counter
+        self.loading[request] = None
+        self._set_pending(request, request.num_tokens_target - self._loaded_tokens(request))
+        self.connector.start_load(self, request, hit_blocks, external)
+
+    def finish_load(self, request: Request) -> None:
+        """The connector's bytes have landed: the loaded blocks become cache entries and the
+        request waits at the front of the queue, behind requests loaded before it, holding
+        them (vLLM `_update_waiting_for_remote_kv`, then the skipped waiting requests are
+        prepended to the queue)."""
+        del self.loading[request]
+        computed = self._loaded_tokens(request)
+        blocks = request.num_cached_blocks + request.kv_external_blocks
+        if self.enable_prefix_caching:
+            last = min(blocks, len(request.kv_hashes))
+            if last > request.num_cached_blocks:
+                self.cache.register_range(request.kv_hashes, request.block_keys, request.num_cached_blocks, last)
+                request.num_cached_blocks = last
+        request.num_computed_tokens = computed
+        request.kv_loaded = True
+        ahead = 0
+        for queued in self.waiting:
+            if not queued.kv_loaded or queued.kv_load_seq > request.kv_load_seq:
+                break
+            ahead += 1
+        self.waiting.insert(ahead, request)
+        self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
+
+    def release_held(self, request: Request) -> None:
+        """Free a held request's blocks (its cache entries stay cached, as on any release)."""
+        del self.held[request]
+        self.cache.release(request.block_keys, request.kv_held_extra)
+        request.block_keys = []
+        request.num_cached_blocks = 0
+        request.kv_held_extra = 0
 
     def _allocate_chunk(self, request: Request, q: int, new_blocks: int) -> None:
         """Allocate a prefill chunk's blocks and make the blocks it fills cache entries."""
@@ -691,7 +812,11 @@ class InstanceScheduler:
 
     def _finish(self, request: Request, now: float, outcome: StepOutcome) -> None:
         self.running.remove(request)
-        self._release(request)
+        if self.connector is not None and self.connector.hold_on_finish(self, request):
+            request.kv_held_extra = self._blocks_held(request) - len(request.block_keys)
+            self.held[request] = None
+        else:
+            self._release(request)
         if request.decoding:
             self._stop_decoding(request)
         request.state = _FINISHED
@@ -767,7 +892,16 @@ class InstanceScheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.state = _WAITING
-        self.waiting.appendleft(request)
+        if self.connector is None:
+            self.waiting.appendleft(request)
+        else:
+            # Behind requests waiting with loaded blocks: they start without new room, while
+            # the preempted one needs its blocks again; ahead of it, their blocks could keep
+            # it from ever fitting while nothing runs.
+            ahead = 0
+            while ahead < len(self.waiting) and self.waiting[ahead].kv_loaded:
+                ahead += 1
+            self.waiting.insert(ahead, request)
         self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
 
     def _set_pending(self, request: Request, value: int) -> None:

@@ -28,6 +28,11 @@ from lmsim.registry import Registry
 
 class InstanceView(Protocol):
     instance_id: int
+    pool: str  # the pool's name ("default" without cluster.pools)
+    role: str  # both | prefill | decode
+    cost_model: Any  # the instance's own StepCostModel (mixed fleets differ per pool)
+    max_num_batched_tokens: int  # the instance's engine limits
+    max_num_seqs: int
     num_running: int  # R: requests in the running batch, including partial prefills
     num_waiting: int  # Q: requests in the waiting queue
     batch_size: int  # R + Q, the paper's BS
@@ -68,10 +73,11 @@ class RouterContext(Protocol):
 
     num_instances: int
     block_size: int
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int  # the first pool's limits; each InstanceView carries its own
     max_num_seqs: int
     rng: np.random.Generator  # the policy's own seeded stream
-    cost_model: Any  # the engine's StepCostModel
+    cost_model: Any  # the first pool's StepCostModel (the only one without cluster.pools)
+    cost_models: Sequence[Any]  # every instance's own StepCostModel, by position (mixed fleets)
 
     def now(self) -> float: ...
 

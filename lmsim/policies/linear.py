@@ -118,6 +118,12 @@ class Dynamo(Policy):
         P ∝ exp(−(logit − min)/((max − min)·T)), uniform if all logits are equal.
       track_active_blocks=True, track_prefill_tokens=True: Dynamo's
         `router_track_active_blocks` / `router_track_prefill_tokens`; off drops the term.
+      overlap_score_credit=1.0 (>= 0): the weight of the cached blocks in the prefill term,
+        `max(0, isl − credit·cached)`; 0 makes the router overlap-blind.
+      assume_kv_reuse=True: a request's blocks shared with live requests on the worker count
+        once (Dynamo `router_assume_kv_reuse`); False counts every request's blocks as its own.
+      (Dynamo's disaggregated decode router sets credit 0, assume_kv_reuse false and
+      track_prefill_tokens false: `build_decode_router_override` in its frontend.)
     Not modelled: `router_queue_threshold` (off), host/disk tier credits, replica sync.
     """
 
@@ -128,8 +134,12 @@ class Dynamo(Policy):
         temperature: float = 0.0,
         track_active_blocks: bool = True,
         track_prefill_tokens: bool = True,
+        overlap_score_credit: float = 1.0,
+        assume_kv_reuse: bool = True,
     ) -> None:
         self.w = check_number("overlap_score_weight", overlap_score_weight, lo=0)
+        self.credit = check_number("overlap_score_credit", overlap_score_credit, lo=0)
+        self.reuse = check_bool("assume_kv_reuse", assume_kv_reuse)
         self.temperature = check_number("temperature", temperature, lo=0)
         self.track_blocks = check_bool("track_active_blocks", track_active_blocks)
         self.track_prefill = check_bool("track_prefill_tokens", track_prefill_tokens)
@@ -173,14 +183,15 @@ class Dynamo(Policy):
         hashes = request.block_hashes
         total_blocks = isl // bsz  # complete blocks: a partial tail is prefill work only
         w = self.w
+        credit = self.credit
         logits = []
         for i in range(n):
-            new_tokens = max(0, isl - cached[i])
+            new_tokens = max(0, isl - cached[i]) if credit == 1.0 else max(0.0, isl - credit * cached[i])
             prefill = new_tokens + (self.active_prefill[i] if self.track_prefill else 0)
             logit = w * prefill / bsz
             if self.track_blocks:
                 active = self.active_blocks[i]
-                shared = self._shared_leading(active, hashes) if active else 0
+                shared = self._shared_leading(active, hashes) if active and self.reuse else 0
                 logit += len(active) + self.active_unique[i] + (total_blocks - shared)
             logits.append(logit)
         return logits
@@ -209,7 +220,8 @@ class Dynamo(Policy):
         if self._last is not None and self._last[0] == request.request_id:
             cached = self._last[1][instance_id]
         prefill = max(0, request.input_tokens - cached)
-        hashes = list(request.block_hashes)
+        # without KV reuse every block of the request is its own (nothing to share)
+        hashes = list(request.block_hashes) if self.reuse else []
         active = self.active_blocks[instance_id]
         for h in hashes:
             active[h] = active.get(h, 0) + 1

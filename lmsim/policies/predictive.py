@@ -7,7 +7,7 @@ import math
 from typing import Any, Protocol
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, estimator_cost_model, pick_min
+from lmsim.policies._common import check_bool, check_number, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -177,6 +177,9 @@ class LlmdPredicted(Policy):
         exact cost model): with it 0.7% of requests are mispredicted by more than 20% and
         47% are predicted low; without it 41% and 97%.
     Tie-break: seeded random among equal estimates.
+    Each instance is priced with its own profile and engine limits (`InstanceView.cost_model`,
+    `max_num_batched_tokens`, `max_num_seqs`), so in a mixed fleet a faster pool's instances
+    predict lower TTFTs; `estimator_profile` prices every instance with one profile.
     Deviation: the real llm-d predicted-latency path uses an online XGBoost regressor, not a
     simulator; this is the paper's framing. The load fields read follow the router's
     `load_view` (exact or scraped).
@@ -210,16 +213,22 @@ class LlmdPredicted(Policy):
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
+        # None: each instance is priced with its own profile (a mixed fleet's pools differ)
+        self.cost_model: Any = (
+            None if self.estimator_profile is None else ctx.load_cost_model(self.estimator_profile)
+        )
 
     def predict(self, request: Request, cluster: ClusterView) -> list[float]:
         ctx = self.ctx
         cached = cluster.cached_prefix_tokens(request)
-        cm, mbt, mns = self.cost_model, ctx.max_num_batched_tokens, ctx.max_num_seqs
+        fixed = self.cost_model
         isl = request.input_tokens
         use_step = self.in_flight_step
         est = [
-            estimate_ttft(v, isl - c, c, cm, mbt, mns, v.step_in_flight() if use_step else None)
+            estimate_ttft(
+                v, isl - c, c, fixed or v.cost_model, v.max_num_batched_tokens, v.max_num_seqs,
+                v.step_in_flight() if use_step else None,
+            )
             for v, c in zip(cluster.instances, cached)
         ]
         if self.noise_rel > 0:

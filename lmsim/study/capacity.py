@@ -95,11 +95,39 @@ class Capacity:
     probes: list[Probe] = field(default_factory=list)
 
 
-def probe_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The experiment as the search replays it: `capacity.policy` (vllm unless set), exact
-    views, no checks."""
+def reference_policy(config: ExperimentConfig) -> tuple[str, dict[str, Any]]:
+    """The policy whose sustainable rate "capacity" means: `capacity.policy` (vllm unless
+    set). A disaggregated cluster needs a pair: a colocated capacity policy routes both roles
+    under `pd` (by default `pd` with vllm on the prefill and on the decode instances)."""
+    from lmsim.policies import POLICIES
+
     cap = config.capacity
-    router = config.router.model_copy(update={"policy": cap.policy, "params": dict(cap.params), "view": {}})
+    if not config.cluster.is_disaggregated or getattr(POLICIES.get(cap.policy), "disaggregated", False):
+        return cap.policy, dict(cap.params)
+    side = {"prefill_policy": cap.policy, "decode_policy": cap.policy}
+    if cap.params:
+        side.update(prefill_params=dict(cap.params), decode_params=dict(cap.params))
+    return "pd", side
+
+
+def describe_reference(config: ExperimentConfig) -> str:
+    policy, params = reference_policy(config)
+    if policy == "pd" and not config.capacity.params and not getattr(_policy_class(config.capacity.policy), "disaggregated", False):
+        return f"pd ({params['prefill_policy']} on the prefill and on the decode instances)"
+    return repr(policy)
+
+
+def _policy_class(name: str) -> Any:
+    from lmsim.policies import POLICIES
+
+    return POLICIES.get(name)
+
+
+def probe_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as the search replays it: the reference policy (`reference_policy`),
+    exact views, no checks."""
+    policy, params = reference_policy(config)
+    router = config.router.model_copy(update={"policy": policy, "params": params, "view": {}})
     sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
     return config.model_copy(update={"router": router, "simulation": sim})
 
@@ -138,15 +166,22 @@ def is_sustainable(
     trace: Trace, config: ExperimentConfig, search: CapacitySearch
 ) -> tuple[bool, str]:
     from lmsim.engine.simulation import Simulation
-    from lmsim.profile import load_cost_model
+    from lmsim.profile import kv_bytes_per_token
 
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
-    cost_model = load_cost_model(config.cluster.profile)
-    budget = config.cluster.max_num_batched_tokens
-    service = {
-        key: isolated_service_time(cost_model, key[0], key[1], budget)
-        for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
-    }
+    pools = _pool_models(config)
+    transfer = config.cluster.transfer if config.cluster.is_disaggregated else None
+    bytes_per_token = max((kv_bytes_per_token(m) or 0.0) for m, _ in pools)
+
+    def alone(i: int, o: int) -> float:
+        # the slowest pool serving it all, plus a whole-prompt transfer when disaggregated:
+        # a bound for the drain deadline, not a prediction
+        t = max(isolated_service_time(m, i, o, budget) for m, budget in pools)
+        if transfer is not None:
+            t += transfer.latency_s + i * bytes_per_token / transfer.bandwidth_bytes_s
+        return t
+
+    service = {key: alone(*key) for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}}
     drain = search.drain_factor * max(service.values()) + search.drain_slack_s
     cfg = probe_config(config)
     cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
@@ -171,6 +206,21 @@ def is_sustainable(
         if q4 > search.growth_factor * q2 + search.growth_slack_s:
             return False, f"TTFT grows: {q2:.2f}s in the 2nd quarter, {q4:.2f}s in the last"
     return True, "ok"
+
+
+def _pool_models(config: ExperimentConfig) -> list[tuple[Any, int]]:
+    """(cost model bound to the pool's KV size, batch budget) of every pool."""
+    from lmsim.profile import bind_kv_capacity, load_cost_model
+
+    out = []
+    for pool in config.cluster.pool_specs():
+        engine = pool.engine
+        model = load_cost_model(engine["profile"])
+        blocks = engine["num_gpu_blocks"] or model.num_kv_blocks(config.cluster.block_size, engine["gpu_memory_utilization"])
+        if blocks:
+            model = bind_kv_capacity(model, blocks * config.cluster.block_size)
+        out.append((model, engine["max_num_batched_tokens"]))
+    return out
 
 
 def trace_identity(trace: Trace) -> dict[str, Any]:
@@ -211,8 +261,8 @@ def key_payload(
         "criterion": CRITERION_VERSION,
         # the policy whose sustainable rate "capacity" means (capacity.policy; vllm's JSQ
         # by default, as the study); its params only when set, so default keys stay valid
-        "policy": config.capacity.policy,
-        **({"policy_params": dict(config.capacity.params)} if config.capacity.params else {}),
+        "policy": reference_policy(config)[0],
+        **({"policy_params": reference_policy(config)[1]} if reference_policy(config)[1] else {}),
     }
 
 
@@ -287,7 +337,7 @@ def resolve_capacity(
         return Capacity(None, "missing", key)
     if log is not None:
         log(f"capacity: none shipped or cached for this workload and cluster; searching "
-            f"(up to {search.max_probes} probes of {len(probe)} requests under {config.capacity.policy!r})")
+            f"(up to {search.max_probes} probes of {len(probe)} requests under {describe_reference(config)})")
     base = mean_rate(probe)
     probes: list[Probe] = []
 

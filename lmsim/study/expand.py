@@ -91,6 +91,17 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _list_entry_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a `list[Model]` (or `list[Model] | None`) field's entries."""
+    if typing.get_origin(annotation) is list:
+        args = typing.get_args(annotation)
+        return _model_of(args[0]) if args else None
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is list:
+            return _list_entry_model(arg)
+    return None
+
+
 def _is_mapping(annotation: Any) -> bool:
     if typing.get_origin(annotation) is dict or annotation is dict:
         return True
@@ -107,7 +118,15 @@ def check_sweep_key(key: str, *, where: str) -> None:
         raise SweepError(f"{where}: sweep key {key!r}: malformed dotted key")
     if parts[0] in ("sweep", "zip"):
         raise SweepError(f"{where}: sweep key {key!r}: a sweep cannot vary its own definition")
+    listed = False  # the previous part named a list of models: this part is an index
     for depth, part in enumerate(parts):
+        if listed:
+            if not part.isdigit():
+                raise SweepError(f"{where}: sweep key {key!r}: {'.'.join(parts[:depth])} is a list: name an entry by number")
+            listed = False
+            if depth == len(parts) - 1:
+                return
+            continue
         fields = model.model_fields
         if part not in fields:
             raise SweepError(
@@ -118,7 +137,10 @@ def check_sweep_key(key: str, *, where: str) -> None:
         sub = _model_of(annotation)
         if depth == len(parts) - 1:
             return
-        if sub is not None:
+        entry = _list_entry_model(annotation)
+        if entry is not None:
+            model, listed = entry, True
+        elif sub is not None:
             model = sub
         elif _is_mapping(annotation):
             return
@@ -180,7 +202,10 @@ def _unset_dotted(raw: dict[str, Any], key: str) -> None:
     node: Any = raw
     parts = key.split(".")
     for part in parts[:-1]:
-        node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
         if node is None:
             return
     if isinstance(node, dict):

@@ -33,14 +33,21 @@ OTHER_COLUMNS = (
     ("prefix_hit_ratio", "hit ratio", "{:.3f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
 )
+# Shown only when some run has them (disaggregated clusters).
+DISAGG_COLUMNS = (
+    ("kv_transfer_s_mean", "KV transfer mean ms", "{:.1f}"),
+    ("kv_transfer_bytes_mean", "KV transfer mean MB", "{:.1f}"),
+    ("num_prefilled_on_decode", "prefilled on decode", "{:.0f}"),
+)
 TABLE_FILE, TEXT_FILE = "compare.csv", "compare.txt"  # named in study.rundir.COMPARE_FILES
 CDF_STEM = "cdf"
 COMPARE_DIR_FILES = COMPARE_FILES | {f"{CDF_STEM}.{f}" for f in FORMATS}
 
 
-def metric_columns() -> list[tuple[str, str, str]]:
+def metric_columns(index: pd.DataFrame | None = None) -> list[tuple[str, str, str]]:
     cols = [(f"{m}_{s}", f"{name} {s} ms", "{:.1f}") for m, name in LATENCIES for s in STATS]
-    return cols + list(OTHER_COLUMNS)
+    extra = [c for c in DISAGG_COLUMNS if index is not None and c[0] in index and index[c[0]].notna().any()]
+    return cols + list(OTHER_COLUMNS) + extra
 
 
 def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -54,8 +61,8 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
     base_row = None
     if baseline is not None:
         base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
-    for key, column, form in metric_columns():
-        scale = 1000.0 if column.endswith(" ms") else 1.0
+    for key, column, form in metric_columns(index):
+        scale = 1000.0 if column.endswith(" ms") else 1e-6 if column.endswith(" MB") else 1.0
         if key in index:
             values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
         else:  # a run saved before this metric existed

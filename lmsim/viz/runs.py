@@ -45,12 +45,16 @@ def _missing(value: Any) -> bool:
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys to scalar values; lists become their compact text."""
+    """Dotted keys to scalar values; a list of mappings (`cluster.pools`) is numbered as
+    `--set` and `sweep:` name its entries (`cluster.pools.0.num_instances`); other lists
+    become their compact text."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict) and value:
             flat.update(flatten(value, dotted + "."))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            flat.update(flatten({str(i): v for i, v in enumerate(value)}, dotted + "."))
         elif isinstance(value, (list, dict)):
             flat[dotted] = format_value(value) if value else None
         else:
@@ -74,12 +78,21 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# Keys of a cluster's pools and KV transfer: they move with the policy when disaggregated
+# runs sit beside colocated ones, and would otherwise fill the legend.
+_SHAPE_KEYS = ("cluster.pools.", "cluster.kv_transfer.")
 # Short names a reader knows; every other key is shortened to its last component.
 SHORT_NAMES = {"workload.generator.name": "trace", "workload.trace": "trace", "router.policy": "policy"}
 
 
 def short_key(key: str) -> str:
-    return SHORT_NAMES.get(key, key.rsplit(".", 1)[-1])
+    if key in SHORT_NAMES:
+        return SHORT_NAMES[key]
+    parts = key.split(".")
+    numbered = [i for i, p in enumerate(parts) if p.isdigit()]
+    if numbered:  # an entry of a list: keep the list's name and the number (pools.0.role)
+        return ".".join(parts[numbered[-1] - 1:])
+    return parts[-1]
 
 
 def fmt(value: Any) -> str:
@@ -188,7 +201,12 @@ class RunSet:
         return [k for k in candidates if (per_line[k].nunique() == 1).all()]
 
     def facet_keys(self, exclude: tuple[str, ...] = ()) -> list[str]:
+        # keys zipped with the lines' router keys, or with the x axis (a prefill:decode
+        # split zips the decode count with the prefill count), are no panels of their own
         bound = self._bound_to([k for k in self.keys if k.startswith("router.")])
+        axis = [k for k in exclude if k in self.index and k not in RATE_KEYS]
+        if axis:
+            bound += self._bound_to(axis)
         return self.varying([k for k in self.keys if not k.startswith("router.") and k != SEED_KEY
                              and k not in exclude and k not in bound])  # fmt: skip
 
@@ -200,6 +218,8 @@ class RunSet:
         label = str(row.get("policy", row.get("router.policy", "run")))
         config = self.configs.get(row["run"], {})
         for k in self.varying(self.series_keys()):
+            if k.startswith(_SHAPE_KEYS):
+                continue  # how a disaggregated cluster is laid out, not what tells its lines apart
             value = config.get(k, row.get(k))  # the config keeps 2 an int where the index has 2.0
             if k != "router.policy" and value is not None and not (isinstance(value, float) and np.isnan(value)):
                 label += f", {short_key(k)}={fmt(value)}"
