@@ -14,7 +14,13 @@ for fig in fig11 fig12 fig15 fig19 fig21 fig22 fig23 fig26 canary; do
   start=$SECONDS
   lmsim sweep "$here/$fig.yaml" -j "$JOBS" "$@" || status=1
   echo "$fig: $((SECONDS - start)) s (figures drawing in the background)"
-  lmsim plot "runs/paper/$fig" > /dev/null &
+  # Figures 22 and 23 sweep llm-d's noise_rel (deployed vs oracle): no plot against it
+  case $fig in
+    fig22) kinds=(--kind cdf,error) ;;
+    fig23) kinds=(--kind cdf,rate,error) ;;
+    *) kinds=() ;;
+  esac
+  lmsim plot "runs/paper/$fig" "${kinds[@]}" > /dev/null &
   plots+=("$!:$fig")
 done
 for entry in "${plots[@]}"; do
