@@ -1,0 +1,564 @@
+"""The numbers behind the claims table of experiments/paper/README.md, from saved results only.
+
+    python experiments/paper/verdicts.py runs/paper                   # markdown on stdout
+    python experiments/paper/verdicts.py runs/paper --json runs/paper/verdicts.json \
+        --before experiments/paper/verdicts_before.json                # + before -> after
+
+Every claim of the table gets one section with the numbers its row quotes (latencies in ms),
+computed from `runs/paper/<fig>/sweep.parquet` and, for Figures 16 and 21, the runs'
+requests and router events. Sections whose sweep is missing are skipped. `--json` writes
+every number under a flat key (`fig23/toolagent/load=0.5/lmetric/ttft_mean_ms`), so two
+rounds can be compared: `--before FILE` appends a table of every key both hold, before ->
+after. `verdicts_before.json` holds the numbers the README quoted before the round that
+added this script (transcribed from its claims table; see its `source`).
+
+llm-d appears twice in Figures 22 and 23 (issue 27): "llm-d (oracle)", its exact estimator,
+at seed 0 like every other policy, and "llm-d (deployed)", the Figure 16 estimate error, at
+seeds 0-2, where LMetric also runs. Verdicts on "LMetric beats llm-d" are judged against the
+deployed one, paired by seed (mean ± 95% CI over the seeds, `lmsim.study.replicates`); the
+oracle is shown beside it at seed 0. Rankings among all policies use seed 0, where every
+policy ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from lmsim.study.index import read_index
+from lmsim.study.replicates import paired
+from lmsim.viz.runs import flatten
+from lmsim.viz.titles import TRACE_NAMES, policy_words
+
+ORACLE, DEPLOYED = "llm-d (oracle)", "llm-d (deployed)"
+# The study's six policies, llm-d as deployed in place of the oracle (what a reader can run)
+# and as the oracle (what the earlier rounds reported).
+SIX_DEPLOYED = ("vllm", "bailian", "dynamo", "aibrix", DEPLOYED, "lmetric")
+SIX_ORACLE = ("vllm", "bailian", "dynamo", "aibrix", ORACLE, "lmetric")
+SEED_LAMBDA = {"chatbot": 0.7, "agent": 0.55}  # the seed paper's Figure 11 values
+QWEN3 = "h20/qwen3-30b-a3b"
+GEN, POL, LOAD = "workload.generator.name", "router.policy", "workload.load"
+
+Numbers = dict[str, Any]
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def load(root: Path, fig: str) -> pd.DataFrame | None:
+    """The sweep's index with `trace` (generator name, `-qwen2-7b` for Agent on Qwen2-7B),
+    `arm` (the policy's name in figures: "llm-d (deployed)") and `seed` (0 when not swept)."""
+    if not (root / fig / "sweep.parquet").exists():
+        return None
+    frame = read_index(root / fig)
+    shared = _first_config(root / fig, frame)
+    for key, default in (("seed", 0), (GEN, "workload"), ("cluster.profile", QWEN3)):
+        if key not in frame:  # not swept: every run has the first run's value
+            frame[key] = shared.get(key, default)
+    frame["trace"] = [n if p == QWEN3 or not isinstance(p, str) else f"{n}-{p.split('/')[-1]}"
+                      for n, p in zip(frame[GEN], frame["cluster.profile"])]  # fmt: skip
+    frame["arm"] = [_arm(row) for _, row in frame.iterrows()]
+    frame.attrs["root"] = root / fig
+    return frame
+
+
+def _first_config(sweep: Path, frame: pd.DataFrame) -> dict[str, Any]:
+    path = sweep / str(frame["run"].iloc[0]) / "config.yaml" if len(frame) else sweep / "missing"
+    return flatten(yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def _arm(row: pd.Series) -> str:
+    policy = str(row.get(POL, row.get("policy", "run")))
+    config = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()
+              if str(k).startswith("router.params.") and not _missing(v)}  # fmt: skip
+    return policy_words(policy, config)[0]
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def trace_words(trace: str) -> str:
+    name, _, model = trace.partition("-")
+    return TRACE_NAMES.get(name, name) + (f" ({model})" if model else "")
+
+
+def select(frame: pd.DataFrame, **where: Any) -> pd.DataFrame:
+    mask = pd.Series(True, index=frame.index)
+    for key, value in where.items():
+        key = {"load": LOAD, "policy": POL}.get(key, key)
+        mask &= frame[key].isna() if value is None else np.isclose(frame[key], value) if isinstance(value, float) else frame[key] == value
+    return frame[mask]
+
+
+def value(frame: pd.DataFrame, metric: str, seed: int | None = 0, **where: Any) -> float:
+    """`metric` (seconds -> ms for latencies) of the rows matching `where`: at `seed`, or the
+    mean over seeds when `seed` is None; NaN when no run matches."""
+    rows = select(frame, **where)
+    if seed is not None:
+        rows = rows[rows["seed"] == seed]
+    if not len(rows):
+        return math.nan
+    scale = 1000.0 if metric.endswith(("_mean", "_p50", "_p90", "_p99")) and metric.split("_")[0] in (
+        "ttft", "tpot", "itl", "e2e", "queue") else 1.0  # fmt: skip
+    return float(rows[metric].astype(float).mean()) * scale
+
+
+def short(metric: str) -> str:
+    """`ttft_s_mean` -> `ttft_mean`: the metric's name in a key of the numbers."""
+    return metric.replace("_s_", "_")
+
+
+def pct(a: float, b: float) -> float:
+    return 100.0 * (a - b) / b if b else math.nan
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """Three significant digits (1,837; 170; 41.9; 0.42)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{max(0, digits - 1 - math.floor(math.log10(abs(x))))}f}" if x else "0"
+
+
+def fpct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.0f}%" if abs(x) >= 1 else f"{x:+.1f}%"
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+def capacities(root: Path, n: Numbers) -> list[str]:
+    out = ["## Capacities the runs were scaled by (req/s)", ""]
+    for fig in ("fig22", "fig23", "fig21", "canary"):
+        frame = load(root, fig)
+        if frame is None or "capacity_req_s" not in frame:
+            continue
+        for group, sub in frame.groupby(["trace", "arm"] if fig == "canary" else ["trace"]):
+            key = f"capacity/{group[0]}" + (f"/canary-{group[1]}" if fig == "canary" else "")
+            if key not in n:
+                n[key] = float(sub["capacity_req_s"].iloc[0])
+                out.append(f"- {key}: {fmt(n[key], 4)}")
+    return out
+
+
+def fig11(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig11")
+    if frame is None:
+        return []
+    out = ["## Fig. 11: Bailian λ", ""]
+    curves = {}
+    for trace, sub in frame.groupby("trace", sort=False):
+        curve = sub.groupby("router.params.lambda")["ttft_s_mean"].mean() * 1000.0
+        curves[trace] = curve
+        best = float(curve.idxmin())
+        n[f"fig11/{trace}/best_lambda"], n[f"fig11/{trace}/best_ttft_ms"] = best, float(curve.min())
+        for lam, ttft in curve.items():
+            n[f"fig11/{trace}/ttft_ms@{lam:g}"] = float(ttft)
+        mid = curve[(curve.index >= 0.05) & (curve.index <= 0.5)]
+        n[f"fig11/{trace}/worst_0.05-0.5_pct"] = pct(float(mid.max()), float(curve.min()))
+        text = f"- {trace_words(trace)}: best λ {best:g} ({fmt(curve.min())} ms); λ 0.05-0.5 within {fpct(n[f'fig11/{trace}/worst_0.05-0.5_pct'])}"
+        if trace in SEED_LAMBDA:
+            lam = SEED_LAMBDA[trace]
+            near = curve.index[np.argmin(np.abs(curve.index - lam))]
+            n[f"fig11/{trace}/seed_lambda_pct"] = pct(float(curve[near]), float(curve.min()))
+            text += f"; the seed's λ {lam:g}: {fmt(curve[near])} ms ({fpct(n[f'fig11/{trace}/seed_lambda_pct'])})"
+        text += "; λ = 1: " + fmt(float(curve.get(1.0, math.nan))) + " ms"
+        out.append(text)
+    if curves:
+        table = pd.DataFrame({t: c / c.min() for t, c in curves.items()}).dropna()
+        worst = table.max(axis=1)
+        common = float(worst.idxmin())
+        n["fig11/common_lambda"], n["fig11/common_lambda_worst_pct"] = common, 100.0 * (float(worst.min()) - 1)
+        out.append(f"- one λ for every trace: {common:g}, within {fpct(n['fig11/common_lambda_worst_pct'])} of each trace's best")
+    tuned = load(root, "fig22")
+    if tuned is not None:  # the λ fig22 uses must be this run's best
+        for trace, sub in select(tuned, policy="bailian").groupby("trace"):
+            used, best = float(sub["router.params.lambda"].iloc[0]), n.get(f"fig11/{trace.split('-')[0]}/best_lambda")
+            if best is not None and not math.isclose(used, best):
+                out.append(f"- **fig22 runs {trace_words(trace)} at λ {used:g}, but this fig11's best is {best:g}: update the YAMLs**")
+    return out
+
+
+def fig12(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig12")
+    if frame is None:
+        return []
+    key = "router.params.imbalance_abs_count"
+    out = ["## Fig. 12: AIBrix threshold (P50 TTFT, P50 TPOT, mean TTFT, ms)", ""]
+    for trace, sub in frame.groupby("trace", sort=False):
+        cells = []
+        for thr in sorted(sub[key].unique()):
+            row = {m: value(sub, f"{m}", **{key: thr}) for m in ("ttft_s_p50", "tpot_s_p50", "ttft_s_mean")}
+            for m, v in row.items():
+                n[f"fig12/{trace}/thr={int(thr)}/{short(m)}_ms"] = v
+            cells.append(f"{int(thr)}: {fmt(row['ttft_s_p50'])} / {fmt(row['tpot_s_p50'])} / {fmt(row['ttft_s_mean'])}")
+        for m in ("ttft_p50", "tpot_p50", "ttft_mean"):
+            a, b = n.get(f"fig12/{trace}/thr=16/{m}_ms"), n.get(f"fig12/{trace}/thr=4/{m}_ms")
+            if a is not None and b is not None:
+                n[f"fig12/{trace}/4to16/{m}_pct"] = pct(a, b)
+        best = min(n[f"fig12/{trace}/thr={int(t)}/ttft_mean_ms"] for t in sub[key].unique())
+        n[f"fig12/{trace}/aibrix_best_ttft_ms"] = best
+        line = f"- {trace_words(trace)}: " + "; ".join(cells)
+        line += (f". 4 -> 16: P50 TTFT {fpct(n.get(f'fig12/{trace}/4to16/ttft_p50_pct', math.nan))}, P50 TPOT "
+                 f"{fpct(n.get(f'fig12/{trace}/4to16/tpot_p50_pct', math.nan))}, mean TTFT "
+                 f"{fpct(n.get(f'fig12/{trace}/4to16/ttft_mean_pct', math.nan))}")  # fmt: skip
+        bailian = n.get(f"fig11/{trace}/best_ttft_ms")
+        if bailian is not None:
+            n[f"fig12/{trace}/aibrix_vs_bailian_pct"] = pct(best, bailian)
+            line += f". Best aibrix vs best bailian (fig11) mean TTFT: {fmt(best)} vs {fmt(bailian)} ({fpct(pct(best, bailian))})"
+        out.append(line)
+    return out
+
+
+def _prediction_errors(root: Path, run: str) -> np.ndarray:
+    req = pd.read_parquet(root / run / "requests.parquet", columns=["status", "ttft_s", "predicted_ttft_s"])
+    req = req[(req["status"].astype(str) == "finished") & req["predicted_ttft_s"].notna() & (req["ttft_s"] > 0)]
+    return (np.abs(req["predicted_ttft_s"] - req["ttft_s"]) / req["ttft_s"]).to_numpy(dtype=float)
+
+
+def fig15(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig15")
+    if frame is None:
+        return []
+    out = ["## Figs. 15/16: llm-d's estimator tuned (its own profile) vs untuned (Qwen2-7B's)", ""]
+    for trace, sub in frame.groupby("trace", sort=False):
+        cells = []
+        for label, est in (("tuned", None), ("untuned", "h20/qwen2-7b")):
+            rows = select(sub, **{"router.params.estimator_profile": est})
+            if not len(rows):
+                continue
+            err = _prediction_errors(frame.attrs["root"], rows["run"].iloc[0])
+            n[f"fig16/{trace}/{label}/err_gt20_pct"] = 100.0 * float(np.mean(err > 0.2)) if len(err) else math.nan
+            n[f"fig16/{trace}/{label}/err_median_pct"] = 100.0 * float(np.median(err)) if len(err) else math.nan
+            for m in ("ttft_s_p99", "tpot_s_p99", "ttft_s_mean", "tpot_s_mean"):
+                n[f"fig15/{trace}/{label}/{short(m)}_ms"] = value(rows, m)
+            cells.append(label)
+        if len(cells) == 2:
+            for m in ("ttft_p99", "tpot_p99"):
+                n[f"fig15/{trace}/tuned_vs_untuned/{m}_pct"] = pct(n[f"fig15/{trace}/tuned/{m}_ms"], n[f"fig15/{trace}/untuned/{m}_ms"])
+            out.append(
+                f"- {trace_words(trace)}: error > 20% tuned {fmt(n[f'fig16/{trace}/tuned/err_gt20_pct'], 2)}% vs untuned "
+                f"{fmt(n[f'fig16/{trace}/untuned/err_gt20_pct'], 2)}% (median {fmt(n[f'fig16/{trace}/tuned/err_median_pct'], 2)}% vs "
+                f"{fmt(n[f'fig16/{trace}/untuned/err_median_pct'], 2)}%); P99 TTFT tuned vs untuned "
+                f"{fmt(n[f'fig15/{trace}/tuned/ttft_p99_ms'])} vs {fmt(n[f'fig15/{trace}/untuned/ttft_p99_ms'])} "
+                f"({fpct(n[f'fig15/{trace}/tuned_vs_untuned/ttft_p99_pct'])}); P99 TPOT {fmt(n[f'fig15/{trace}/tuned/tpot_p99_ms'])} vs "
+                f"{fmt(n[f'fig15/{trace}/untuned/tpot_p99_ms'])} ({fpct(n[f'fig15/{trace}/tuned_vs_untuned/tpot_p99_pct'])})"
+            )  # fmt: skip
+    return out
+
+
+def fig19(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig19")
+    if frame is None:
+        return []
+    li, ki = "router.params.load_indicator", "router.params.kv_indicator"
+    out = ["## Fig. 19: LMetric's indicators", ""]
+    for trace, sub in frame.groupby("trace", sort=False):
+        v = {(a, b): {m: value(sub, m, **{li: a, ki: b}) for m in ("ttft_s_mean", "tpot_s_mean", "tpot_s_p99")}
+             for a in ("batch_size", "total_tokens") for b in ("p_token", "miss_ratio")}  # fmt: skip
+        bs, tok, miss = v[("batch_size", "p_token")], v[("total_tokens", "p_token")], v[("batch_size", "miss_ratio")]
+        for name, (a, b) in (("bs_vs_tokens", (bs, tok)), ("ptoken_vs_miss", (bs, miss))):
+            for m in ("ttft_s_mean", "tpot_s_mean", "tpot_s_p99"):
+                n[f"fig19/{trace}/{name}/{short(m)}_pct"] = pct(a[m], b[m])
+        for (a, b), row in v.items():
+            for m, x in row.items():
+                n[f"fig19/{trace}/{a}+{b}/{short(m)}_ms"] = x
+        out.append(
+            f"- {trace_words(trace)}: BS vs #tokens (P-token): mean TPOT {fpct(pct(bs['tpot_s_mean'], tok['tpot_s_mean']))}, "
+            f"P99 TPOT {fmt(bs['tpot_s_p99'])} vs {fmt(tok['tpot_s_p99'])}, mean TTFT {fpct(pct(bs['ttft_s_mean'], tok['ttft_s_mean']))}. "
+            f"P-token vs miss ratio (BS): mean TTFT {fpct(pct(bs['ttft_s_mean'], miss['ttft_s_mean']))}, mean TPOT "
+            f"{fpct(pct(bs['tpot_s_mean'], miss['tpot_s_mean']))}, P99 TPOT {fmt(bs['tpot_s_p99'])} vs {fmt(miss['tpot_s_p99'])}"
+        )  # fmt: skip
+    return out
+
+
+def fig21(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig21")
+    if frame is None:
+        return []
+    base = frame.attrs["root"]
+    reqs = {arm: pd.read_parquet(base / run / "requests.parquet") for arm, run in zip(frame["arm"], frame["run"])}
+    first = next(iter(reqs.values()))
+    burst = first.loc[first["class_id"] == 1, "arrived_at"]
+    if not len(burst):
+        return []
+    start, end = float(burst.min()), float(burst.max())
+    n["fig21/burst_start_min"], n["fig21/burst_end_min"] = start / 60.0, end / 60.0
+    out = ["## Fig. 21: the KV$ hotspot", "",
+           f"Burst window: requests arriving in minutes {start / 60:.1f} to {end / 60:.1f} (all classes)."]  # fmt: skip
+    cells = []
+    for arm, req in reqs.items():
+        done = req[req["status"].astype(str) == "finished"]
+        win = done[(done["arrived_at"] >= start) & (done["arrived_at"] <= end)]
+        n[f"fig21/{arm}/burst_ttft_mean_ms"] = 1000.0 * float(win["ttft_s"].mean())
+        n[f"fig21/{arm}/burst_tpot_mean_ms"] = 1000.0 * float(win["tpot_s"].mean())
+        cells.append(f"{arm} TTFT {fmt(n[f'fig21/{arm}/burst_ttft_mean_ms'])}, TPOT {fmt(n[f'fig21/{arm}/burst_tpot_mean_ms'])}")
+    out.append("- burst-window means: " + "; ".join(cells))
+    if "vllm" in reqs:
+        for arm in reqs:
+            if arm != "vllm":
+                n[f"fig21/{arm}_vs_vllm/burst_tpot_pct"] = pct(n[f"fig21/{arm}/burst_tpot_mean_ms"], n["fig21/vllm/burst_tpot_mean_ms"])
+                n[f"fig21/{arm}_vs_vllm/burst_ttft_pct"] = pct(n[f"fig21/{arm}/burst_ttft_mean_ms"], n["fig21/vllm/burst_ttft_mean_ms"])
+        out.append("- vs vLLM in the window: " + "; ".join(
+            f"{arm} TTFT {fpct(n[f'fig21/{arm}_vs_vllm/burst_ttft_pct'])}, TPOT {fpct(n[f'fig21/{arm}_vs_vllm/burst_tpot_pct'])}"
+            for arm in reqs if arm != "vllm"))  # fmt: skip
+    if "lmetric" in reqs and "vllm" in reqs:
+        minutes = {arm: reqs[arm][reqs[arm]["status"].astype(str) == "finished"].groupby(
+            np.floor(reqs[arm]["arrived_at"] / 60.0))["ttft_s"].mean() for arm in ("lmetric", "vllm")}  # fmt: skip
+        both = pd.concat(minutes, axis=1).dropna()
+        n["fig21/lmetric_below_vllm_minutes"] = int((both["lmetric"] < both["vllm"]).sum())
+        n["fig21/minutes"] = len(both)
+        out.append(f"- LMetric's mean TTFT below vLLM's in {n['fig21/lmetric_below_vllm_minutes']} of {len(both)} arrival minutes")
+    hot = select(frame, policy="lmetric_hotspot")
+    if len(hot):
+        path = base / hot["run"].iloc[0] / "router_events.parquet"
+        ev = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["kind"])
+        alarms = ev[ev["kind"] == "hotspot_alarm"]
+        n["fig21/alarms"] = len(alarms)
+        n["fig21/alarms_on_burst_class"] = int((alarms["class_id"] == 1).sum()) if len(alarms) else 0
+        if len(alarms):
+            n["fig21/first_alarm_min"], n["fig21/last_alarm_min"] = float(alarms["time_s"].min()) / 60, float(alarms["time_s"].max()) / 60
+        out.append(f"- detector: {len(alarms)} alarms, {n['fig21/alarms_on_burst_class']} on the burst class"
+                   + (f", minutes {n['fig21/first_alarm_min']:.1f} to {n['fig21/last_alarm_min']:.1f}" if len(alarms) else ""))  # fmt: skip
+    return out
+
+
+def _arms(sub: pd.DataFrame) -> list[str]:
+    order = {a: i for i, a in enumerate(("vllm", "bailian", "dynamo", "aibrix", ORACLE, DEPLOYED, "lmetric"))}
+    return sorted(sub["arm"].unique(), key=lambda a: (order.get(a, len(order)), a))
+
+
+def _per_arm(sub: pd.DataFrame, n: Numbers, prefix: str, metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Each arm's metrics at seed 0 (`n[prefix/arm/metric]`) and, for arms run at several
+    seeds, their mean over seeds (`.../metric@seeds`)."""
+    table = {}
+    for arm in _arms(sub):
+        rows = sub[sub["arm"] == arm]
+        table[arm] = {m: value(rows, m) for m in metrics}
+        for m in metrics:
+            n[f"{prefix}/{arm}/{short(m)}_ms"] = table[arm][m]
+        if rows["seed"].nunique() > 1:
+            for m in metrics:
+                n[f"{prefix}/{arm}/{short(m)}_ms@seeds"] = value(rows, m, seed=None)
+            n[f"{prefix}/{arm}/seeds"] = int(rows["seed"].nunique())
+    return table
+
+
+def _vs_llmd(sub: pd.DataFrame, n: Numbers, prefix: str, metric: str) -> str:
+    """LMetric vs llm-d as deployed (paired by seed) and vs the oracle (seed 0), in words."""
+    name = short(metric)
+    d = paired(sub, metric, {"arm": "lmetric"}, {"arm": DEPLOYED})
+    n[f"{prefix}/lmetric_vs_deployed/{name}_pct"] = d.mean_pct
+    n[f"{prefix}/lmetric_vs_deployed/{name}_ci"] = d.half_width_pct
+    n[f"{prefix}/lmetric_vs_deployed/{name}_verdict"] = d.verdict
+    o = pct(value(sub, metric, arm="lmetric"), value(sub, metric, arm=ORACLE))
+    n[f"{prefix}/lmetric_vs_oracle/{name}_pct"] = o
+    return f"vs deployed {d} (n={d.n}), vs oracle {fpct(o)} (seed 0)"
+
+
+def _best(table: dict[str, dict[str, float]], metric: str, arms: tuple[str, ...]) -> tuple[str, float]:
+    present = {a: table[a][metric] for a in arms if a in table and not math.isnan(table[a][metric])}
+    if not present:
+        return "n/a", math.nan
+    arm = min(present, key=present.get)
+    return arm, present[arm]
+
+
+FIG22_METRICS = ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "tpot_s_mean", "tpot_s_p99", "queue_s_mean")
+
+
+def fig22(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig22")
+    if frame is None:
+        return []
+    out = ["## Fig. 22: every policy at 0.5 (ms; seed 0, and the mean of seeds 0-2 for the repeated arms)", "",
+           "| trace | policy | mean TTFT | P50 TTFT | P99 TTFT | mean TPOT | P99 TPOT | mean queue |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    summary = []
+    wins = {"ttft_mean": 0, "ttft_mean_with_oracle": 0, "tpot_mean": 0, "tpot_mean_with_oracle": 0}
+    for trace, sub in frame.groupby("trace", sort=False):
+        prefix = f"fig22/{trace}"
+        table = _per_arm(sub, n, prefix, FIG22_METRICS)
+        for arm, row in table.items():
+            cells = [fmt(row[m]) for m in FIG22_METRICS]
+            if f"{prefix}/{arm}/seeds" in n:
+                cells = [f"{c} ({fmt(n[f'{prefix}/{arm}/{short(m)}_ms@seeds'])})" for c, m in zip(cells, FIG22_METRICS)]
+            out.append(f"| {trace_words(trace)} | {arm} | " + " | ".join(cells) + " |")
+        words = []
+        for metric, name in (("ttft_s_mean", "mean TTFT"), ("tpot_s_mean", "mean TPOT")):
+            best_d, v_d = _best(table, metric, SIX_DEPLOYED)
+            best_o, _ = _best(table, metric, SIX_ORACLE)
+            n[f"{prefix}/best_{short(metric)}"], n[f"{prefix}/best_{short(metric)}_with_oracle"] = best_d, best_o
+            wins[short(metric)] += best_d == "lmetric"
+            wins[f"{short(metric)}_with_oracle"] += best_o == "lmetric"
+            words.append(f"{name}: best {best_d} ({fmt(v_d)}; with the oracle instead: {best_o}), LMetric "
+                         + _vs_llmd(sub, n, prefix, metric))
+        summary.append(f"- {trace_words(trace)}: " + "; ".join(words))
+    for k, v in wins.items():
+        n[f"fig22/lmetric_best_{k}_traces"] = v
+    return [*out, "", *summary]
+
+
+FIG23_METRICS = ("ttft_s_mean", "ttft_s_p99", "tpot_s_mean", "tpot_s_p99")
+
+
+def fig23(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig23")
+    if frame is None:
+        return []
+    out = ["## Fig. 23: every policy vs load (ms; seed 0; LMetric vs llm-d deployed paired over seeds 0-2)", ""]
+    for trace, sub in frame.groupby("trace", sort=False):
+        loads = sorted(sub[LOAD].unique())
+        arms = _arms(sub)
+        for metric, name in (("ttft_s_mean", "mean TTFT"), ("tpot_s_mean", "mean TPOT"), ("tpot_s_p99", "P99 TPOT")):
+            out += [f"### {trace_words(trace)}: {name}", "", "| load | " + " | ".join(arms) + " | best (deployed) | LMetric vs deployed | vs oracle |",
+                    "|---|" + "---|" * (len(arms) + 3)]  # fmt: skip
+            for load_ in loads:
+                at = sub[np.isclose(sub[LOAD], load_)]
+                prefix = f"fig23/{trace}/load={load_:g}"
+                table = _per_arm(at, n, prefix, FIG23_METRICS)
+                best, _ = _best(table, metric, SIX_DEPLOYED)
+                n[f"{prefix}/best_{short(metric)}"] = best
+                n[f"{prefix}/best_{short(metric)}_with_oracle"] = _best(table, metric, SIX_ORACLE)[0]
+                vs = _vs_llmd(at, n, prefix, metric)
+                out.append(f"| {load_:g} | " + " | ".join(fmt(table[a][metric]) for a in arms) + f" | {best} | "
+                           + vs.replace(", vs oracle", " |").replace(" (seed 0)", "") + " |")  # fmt: skip
+            out.append("")
+        gaps = []
+        for label, six in (("oracle", SIX_ORACLE), ("deployed", SIX_DEPLOYED)):
+            ratios = []
+            for load_ in loads:
+                vals = [n.get(f"fig23/{trace}/load={load_:g}/{a}/ttft_mean_ms", math.nan) for a in six]
+                vals = [v for v in vals if not math.isnan(v)]
+                r = max(vals) / min(vals) if vals else math.nan
+                n[f"fig23/{trace}/load={load_:g}/gap_{label}"] = r
+                ratios.append(r)
+            n[f"fig23/{trace}/gap_rises_{label}"] = int(sum(b > a for a, b in itertools.pairwise(ratios)))
+            gaps.append(f"{label}: " + " -> ".join(f"{r:.2f}" for r in ratios))
+        out.append(f"Max/min mean TTFT over the six policies by load (llm-d as {'; '.join(gaps)})")
+        for metric in ("ttft_mean", "tpot_mean"):
+            for suffix, words in (("", "llm-d as deployed"), ("_with_oracle", "llm-d's oracle")):
+                lowest = [f"{x:g}" for x in loads if n[f"fig23/{trace}/load={x:g}/best_{metric}{suffix}"] == "lmetric"]
+                n[f"fig23/{trace}/lmetric_best_{metric}_loads{suffix}"] = len(lowest)
+                out.append(f"- LMetric has the lowest {metric.replace('_', ' ')} among the six (with {words}; seed 0) "
+                           f"at loads: {', '.join(lowest) or 'none'}")  # fmt: skip
+        out.append("")
+        if trace == "toolagent":
+            out += _toolagent_tail(sub, n, loads)
+    return out
+
+
+def _toolagent_tail(sub: pd.DataFrame, n: Numbers, loads: list[float]) -> list[str]:
+    """Fig. 15's claim: llm-d's ToolAgent P99 TPOT is 71% worse than the best linear
+    combination (the better of bailian and dynamo), per load."""
+    out = ["### ToolAgent: llm-d's P99 TPOT vs the better of bailian and dynamo (Fig. 15's claim)", "",
+           "| load | deployed (mean of seeds) | deployed seed 0 | oracle | best linear | deployed vs it | oracle vs it | LMetric |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for load_ in loads:
+        p = f"fig23/toolagent/load={load_:g}"
+        lin = min(n.get(f"{p}/bailian/tpot_p99_ms", math.inf), n.get(f"{p}/dynamo/tpot_p99_ms", math.inf))
+        dep = n.get(f"{p}/{DEPLOYED}/tpot_p99_ms@seeds", n.get(f"{p}/{DEPLOYED}/tpot_p99_ms", math.nan))
+        ora = n.get(f"{p}/{ORACLE}/tpot_p99_ms", math.nan)
+        n[f"{p}/deployed_vs_linear/tpot_p99_pct"], n[f"{p}/oracle_vs_linear/tpot_p99_pct"] = pct(dep, lin), pct(ora, lin)
+        out.append(f"| {load_:g} | {fmt(dep)} | {fmt(n.get(f'{p}/{DEPLOYED}/tpot_p99_ms', math.nan))} | {fmt(ora)} | {fmt(lin)} | "
+                   f"{fpct(pct(dep, lin))} | {fpct(pct(ora, lin))} | {fmt(n.get(f'{p}/lmetric/tpot_p99_ms', math.nan))} |")  # fmt: skip
+    return [*out, ""]
+
+
+def fig26(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "fig26")
+    if frame is None:
+        return []
+    out = ["## Fig. 26: LMetric vs Preble and PolyServe on ChatBot (LMetric vs Preble, %)", "",
+           "| load | mean TTFT | P99 TTFT | mean TPOT | P99 TPOT | PolyServe mean TTFT / TPOT |", "|---|---|---|---|---|---|"]
+    for load_ in sorted(frame[LOAD].unique()):
+        at = frame[np.isclose(frame[LOAD], load_)]
+        cells = []
+        for m in FIG23_METRICS:
+            a, b = value(at, m, arm="lmetric"), value(at, m, arm="preble")
+            n[f"fig26/load={load_:g}/lmetric_vs_preble/{short(m)}_pct"] = pct(a, b)
+            n[f"fig26/load={load_:g}/lmetric/{short(m)}_ms"] = a
+            n[f"fig26/load={load_:g}/preble/{short(m)}_ms"] = b
+            cells.append(f"{fpct(pct(a, b))} ({fmt(a)} vs {fmt(b)})")
+        pt, pp = value(at, "ttft_s_mean", arm="polyserve"), value(at, "tpot_s_mean", arm="polyserve")
+        n[f"fig26/load={load_:g}/polyserve/ttft_mean_ms"], n[f"fig26/load={load_:g}/polyserve/tpot_mean_ms"] = pt, pp
+        out.append(f"| {load_:g} | " + " | ".join(cells) + f" | {fmt(pt)} / {fmt(pp)} |")
+    return out
+
+
+def canary(root: Path, n: Numbers) -> list[str]:
+    frame = load(root, "canary")
+    if frame is None:
+        return []
+    t = {a: value(frame, "ttft_s_mean", arm=a) for a in ("lmetric", "bailian")}
+    p = {a: value(frame, "tpot_s_mean", arm=a) for a in ("lmetric", "bailian")}
+    h = {a: value(frame, "prefix_hit_ratio", arm=a) for a in ("lmetric", "bailian")}
+    for a in t:
+        n[f"canary/{a}/ttft_mean_ms"], n[f"canary/{a}/tpot_mean_ms"], n[f"canary/{a}/hit"] = t[a], p[a], h[a]
+    n["canary/ttft_pct"], n["canary/tpot_pct"] = pct(t["lmetric"], t["bailian"]), pct(p["lmetric"], p["bailian"])
+    return ["## Fig. 29: the canary", "",
+            f"- LMetric vs Bailian: mean TTFT {fmt(t['lmetric'])} vs {fmt(t['bailian'])} ({fpct(n['canary/ttft_pct'])}), "
+            f"mean TPOT {fmt(p['lmetric'])} vs {fmt(p['bailian'])} ({fpct(n['canary/tpot_pct'])}), hit {h['lmetric']:.2f} vs {h['bailian']:.2f}"]  # fmt: skip
+
+
+SECTIONS = (capacities, fig11, fig12, fig15, fig19, fig21, fig22, fig23, fig26, canary)
+
+
+# -- before -> after ---------------------------------------------------------------------
+
+
+def compare(before: Numbers, after: Numbers) -> list[str]:
+    """Every key both rounds hold: before, after, and the relative change of numbers."""
+    out = ["## Before -> after", "", "| key | before | after | change |", "|---|---|---|---|"]
+    for key in sorted(set(before) & set(after)):
+        b, a = before[key], after[key]
+        if isinstance(b, (int, float)) and isinstance(a, (int, float)) and not isinstance(b, bool):
+            change = "" if key.endswith("_pct") or key.endswith("_ci") or not b else fpct(pct(float(a), float(b)))
+            if key.endswith("_pct"):
+                change = f"{float(a) - float(b):+.0f} points"
+            out.append(f"| {key} | {fmt(float(b))} | {fmt(float(a))} | {change} |")
+        else:
+            out.append(f"| {key} | {b} | {a} | {'same' if a == b else 'changed'} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", nargs="?", default="runs/paper", type=Path)
+    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--before", type=Path, help="a --json file of an earlier round: add before -> after")
+    args = parser.parse_args(argv)
+    numbers: Numbers = {}
+    lines: list[str] = []
+    for section in SECTIONS:
+        rows = section(args.root, numbers)
+        if rows:
+            lines += [*rows, ""]
+    if not numbers:
+        print(f"{args.root}: no paper sweep found (expected {args.root}/fig11/sweep.parquet, ...)", file=sys.stderr)
+        return 2
+    if args.before is not None:
+        before = json.loads(args.before.read_text())
+        lines += compare(before.get("numbers", before), numbers)
+    print("\n".join(lines))
+    if args.json is not None:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in numbers.items()}
+        tmp = args.json.with_name(f".{args.json.name}.tmp")
+        tmp.write_text(json.dumps({"numbers": clean}, indent=1, sort_keys=True) + "\n")
+        tmp.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""experiments/paper/verdicts.py: the claims table's numbers from saved sweeps, llm-d judged as
+deployed (paired by seed) with the oracle beside it, and a before -> after table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from test_sweep import tiny_experiment, write_experiment
+
+from lmsim.data import EXPERIMENTS_DIR
+from lmsim.study.execute import run_sweep
+from lmsim.study.index import read_index
+
+
+def _verdicts():
+    spec = importlib.util.spec_from_file_location("paper_verdicts", EXPERIMENTS_DIR / "paper" / "verdicts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fig22(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Figure 22 in miniature: vllm and llm-d's oracle at seed 0, llm-d as deployed and
+    LMetric at seeds 0-2, one trace."""
+    root = tmp_path_factory.mktemp("paper")
+    raw = tiny_experiment(
+        sweep={"router.policy": ["vllm", "llmd", "llmd", "llmd", "llmd", "lmetric", "lmetric", "lmetric"],
+               "router.params.noise_rel": [None, 0.0, 0.12, 0.12, 0.12, None, None, None],
+               "seed": [0, 0, 0, 1, 2, 0, 1, 2]},
+        zip=[["router.policy", "router.params.noise_rel", "seed"]],
+    )  # fmt: skip
+    raw["workload"]["generator"]["params"]["duration_s"] = 10
+    exp = write_experiment(root / "fig22.yaml", raw)
+    assert run_sweep(exp, out=root / "fig22", jobs=2, progress=False).exit_code == 0
+    return root
+
+
+def test_lmetric_is_judged_against_llmd_as_deployed_paired_by_seed(fig22: Path) -> None:
+    v = _verdicts()
+    index = read_index(fig22 / "fig22")
+    lmetric = index[index["router.policy"] == "lmetric"].set_index("seed")["ttft_s_mean"]
+    deployed = index[(index["router.policy"] == "llmd") & (index["router.params.noise_rel"] == 0.12)].set_index("seed")["ttft_s_mean"]
+    oracle = index[(index["router.policy"] == "llmd") & (index["router.params.noise_rel"] == 0.0)]["ttft_s_mean"].iloc[0]
+    n: dict = {}
+    text = "\n".join(v.fig22(fig22, n))
+    # the mean over seeds of (LMetric - deployed) / deployed, each seed replaying its own draw
+    per_seed = [100 * (lmetric[s] - deployed[s]) / deployed[s] for s in (0, 1, 2)]
+    assert n["fig22/chatbot/lmetric_vs_deployed/ttft_mean_pct"] == pytest.approx(sum(per_seed) / 3)
+    assert n["fig22/chatbot/lmetric_vs_oracle/ttft_mean_pct"] == pytest.approx(100 * (lmetric[0] - oracle) / oracle)
+    assert n["fig22/chatbot/lmetric/ttft_mean_ms@seeds"] == pytest.approx(1000 * lmetric.mean())
+    assert n["fig22/chatbot/lmetric/ttft_mean_ms"] == pytest.approx(1000 * lmetric[0])
+    assert n["fig22/chatbot/llm-d (deployed)/seeds"] == 3 and "fig22/chatbot/llm-d (oracle)/seeds" not in n
+    seed0 = {"vllm": index[index["router.policy"] == "vllm"]["ttft_s_mean"].iloc[0], "llm-d (deployed)": deployed[0],
+             "lmetric": lmetric[0]}  # fmt: skip
+    assert n["fig22/chatbot/best_ttft_mean"] == min(seed0, key=seed0.get)  # the oracle is not a contender
+    assert "| ChatBot | llm-d (deployed) |" in text and "| ChatBot | llm-d (oracle) |" in text
+
+
+def test_main_writes_json_and_compares_with_an_earlier_round(fig22: Path, tmp_path: Path, capsys) -> None:
+    v = _verdicts()
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps({"numbers": {"fig22/chatbot/lmetric/ttft_mean_ms": 100.0, "fig22/elsewhere": 1}}))
+    assert v.main([str(fig22), "--json", str(tmp_path / "after.json"), "--before", str(before)]) == 0
+    after = json.loads((tmp_path / "after.json").read_text())["numbers"]
+    out = capsys.readouterr().out
+    shown = v.fmt(after["fig22/chatbot/lmetric/ttft_mean_ms"])
+    assert f"| fig22/chatbot/lmetric/ttft_mean_ms | 100 | {shown} |" in out
+    assert "fig22/elsewhere" not in out  # only keys both rounds hold
+    assert v.main([str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
