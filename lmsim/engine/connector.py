@@ -31,11 +31,14 @@ is exactly what it was.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from lmsim.engine.request import Request
-    from lmsim.engine.scheduler import InstanceScheduler
+
+# The scheduler imports this module (its `connector`), so the scheduler's type is not
+# imported back here: every `scheduler` argument is an `lmsim.engine.scheduler.InstanceScheduler`.
+InstanceScheduler = Any
 
 
 class KVConnector(Protocol):
@@ -53,3 +56,48 @@ class KVConnector(Protocol):
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         """True to keep the finished request's blocks until `release_held(request)`."""
         ...
+
+
+class MultiConnector:
+    """Several connectors on one instance (vLLM `MultiConnector`,
+    `vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py`): a P/D receive and host
+    tiers on one decode instance, say. Loads come from the first connector, in order, that
+    offers blocks (vLLM `get_num_new_matched_tokens`: "the first connector that has new
+    matched tokens will be assigned to this request"); every connector hears every finish.
+    vLLM lets several connectors hold a finished request and frees it after the last one is
+    done; lmsim's tier connector never holds, so at most one holder is allowed here and a
+    second is an error rather than a silent early free."""
+
+    def __init__(self, connectors: list[KVConnector]) -> None:
+        self.connectors = list(connectors)
+        self._chosen: dict[int, KVConnector] = {}  # request id -> the connector that offered
+
+    def external_blocks(self, scheduler: InstanceScheduler, request: Request, local_hit_blocks: int) -> int:
+        self._chosen.pop(request.request_id, None)
+        for connector in self.connectors:
+            blocks = connector.external_blocks(scheduler, request, local_hit_blocks)
+            if blocks:
+                self._chosen[request.request_id] = connector
+                return blocks
+        return 0
+
+    def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
+        self._chosen.pop(request.request_id).start_load(scheduler, request, first_block, num_blocks)
+
+    def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
+        holders = [c for c in self.connectors if c.hold_on_finish(scheduler, request)]
+        if len(holders) > 1:
+            raise RuntimeError(f"request {request.request_id}: two connectors hold its blocks; one may")
+        return bool(holders)
+
+
+def attach_connector(scheduler: InstanceScheduler, connector: KVConnector) -> None:
+    """Give the instance `connector`, after any it already has (a `MultiConnector` when
+    there are several)."""
+    current = scheduler.connector
+    if current is None:
+        scheduler.connector = connector
+    elif isinstance(current, MultiConnector):
+        current.connectors.append(connector)
+    else:
+        scheduler.connector = MultiConnector([current, connector])

@@ -72,6 +72,7 @@ class Instance:
         # events of the step being planned, whose end is not known yet.
         self.kv_sink: KVEventSink | None = None
         self._planning = False
+        self._landing = False  # a connector's blocks are being cached between steps
         self._kv_unstamped: list[tuple[int, bool]] = []
 
     @property
@@ -90,9 +91,12 @@ class Instance:
         self._reconsider()
 
     def external_ready(self, request: Request) -> None:
-        """A connector's load for `request` has landed (lmsim.engine.connector)."""
+        """A connector's load for `request` has landed (lmsim.engine.connector). Its blocks
+        become cache entries now, between steps, and their KV events are published now."""
         self.materialize()
+        self._landing = True
         self.scheduler.finish_load(request)
+        self._landing = False
         self._reconsider()
 
     def release_held(self, request: Request) -> None:
@@ -148,6 +152,9 @@ class Instance:
         if self._planning:
             self._kv_unstamped.append((block_hash, stored))
             return
+        if self._landing:
+            self.kv_sink(self.instance_id, block_hash, stored, self.env.now)
+            return
         plan = self._plan
         assert plan is not None
         published = self._times[self.scheduler.event_step - plan.start_step + 1]
@@ -177,7 +184,11 @@ class Instance:
             for request in rejected:
                 self._on_rejected(request)
         if plan is None:
-            assert not self._kv_unstamped
+            # A plan that only started loads (their blocks' allocation evicted some) runs no
+            # step: its events are published at once, as vLLM's output of an empty step.
+            events, self._kv_unstamped = self._kv_unstamped, []
+            for block_hash, stored in events:
+                self.kv_sink(self.instance_id, block_hash, stored, self.env.now)  # type: ignore[misc]
             return
         # accumulate adds exactly as `t = t + d` step by step would, at C speed.
         times = list(accumulate(plan.durations, initial=self.env.now))

@@ -141,6 +141,9 @@ class InstanceScheduler:
         self.loading: dict[Request, None] = {}  # blocks allocated, bytes on their way
         self.held: dict[Request, None] = {}  # finished, blocks kept for a reader
         self._load_counter = 0
+        # Seconds a connector's synchronous loads add to the next step planned (LMCache's
+        # non-layerwise load runs before the forward of the step that admits the request).
+        self.step_extra_s = 0.0
 
     # -- views ---------------------------------------------------------------------------
 
@@ -574,7 +577,11 @@ class InstanceScheduler:
 
     def _step_time(self, plan: StepPlan) -> float:
         chunks = [(q, r.num_computed_tokens) for r, q in plan.chunks]
-        return self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        if self.step_extra_s:
+            seconds += self.step_extra_s
+            self.step_extra_s = 0.0
+        return seconds
 
     def _admit(self, plan: StepPlan, budget_left: int, now: float) -> None:
         cache = self.cache
