@@ -187,3 +187,22 @@ def test_fast_forward_changes_nothing_with_tiers(kv):
     keys = [k for k in runs[0].summary if k.startswith(("kv_", "prefix_hit"))]
     assert {k: runs[0].summary[k] for k in keys} == {k: runs[1].summary[k] for k in keys}
     assert runs[0].summary["kv_num_loads"] > 0
+
+
+def test_a_preempted_request_waits_behind_loaded_ones_so_a_small_pool_drains():
+    """150 GPU blocks, two instances, a minute of chatbot traffic: requests preempted after
+    producing output used to go back to the very front of the queue, ahead of loaded requests
+    holding blocks; once nothing ran, the head waited for those blocks forever (empty steps
+    until the drain limit). Behind them, every request finishes."""
+    from test_sweep import tiny_experiment
+
+    from lmsim.config import validate
+    from lmsim.study.experiment import load_workload_trace
+
+    raw = tiny_experiment()
+    raw["cluster"] = {**raw["cluster"], "num_gpu_blocks": 150, "kv_tiers": tiers(host=2000)}
+    raw["simulation"] = {"drain_limit_s": 100, "check": True}
+    cfg = validate(raw, where="test")
+    r = Simulation(cfg, load_workload_trace(cfg)).run()
+    assert r.summary["num_unfinished"] == 0 and r.summary["num_preemptions"] > 0
+    assert r.summary["kv_num_loads"] > 0

@@ -34,6 +34,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from lmsim.engine.connector import KVConnector
 from lmsim.engine.kv_cache import ANON, PrefixCache
@@ -860,7 +861,16 @@ class InstanceScheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.state = _WAITING
-        self.waiting.appendleft(request)
+        # Back to the front of the queue, but behind requests whose loaded blocks wait there
+        # (lmsim.engine.connector): they hold blocks, and a head that needs those blocks
+        # would otherwise wait for them forever once nothing runs.
+        ahead = 0
+        if self.connector is not None:
+            ahead = sum(1 for _ in takewhile(_is_loaded, self.waiting))
+        if ahead:
+            self.waiting.insert(ahead, request)
+        else:
+            self.waiting.appendleft(request)
         self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
 
     def _set_pending(self, request: Request, value: int) -> None:
@@ -876,3 +886,7 @@ _WAITING, _RUNNING, _FINISHED = RequestState.WAITING, RequestState.RUNNING, Requ
 
 def _admit_seq(request: Request) -> int:
     return request.admit_seq
+
+
+def _is_loaded(request: Request) -> bool:
+    return request.kv_loaded
