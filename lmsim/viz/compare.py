@@ -33,15 +33,28 @@ OTHER_COLUMNS = (
     ("prefix_hit_ratio", "hit ratio", "{:.3f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
 )
+# Shown when a compared run has lower KV tiers (lmsim.engine.kv_tiers): hit ratios per tier at
+# first admission and over every lookup, bytes moved and lane busy time (summed over instances).
+TIER_COLUMNS = (
+    ("prefix_hit_ratio_first_admission", "GPU hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_host", "host hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_disk", "disk hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_host", "host hit", "{:.3f}"),
+    ("prefix_hit_ratio_disk", "disk hit", "{:.3f}"),
+    ("kv_h2d_bytes", "loaded GB", "{:.1f}"),
+    ("kv_offload_bytes_host", "offloaded GB", "{:.1f}"),
+    ("kv_h2d_busy_s", "load busy s", "{:.1f}"),
+    ("kv_d2h_busy_s", "store busy s", "{:.1f}"),
+)
 TABLE_FILE = "compare.csv"
 TEXT_FILE = "compare.txt"
 CDF_STEM = "cdf"
 COMPARE_FILES = frozenset({TABLE_FILE, TEXT_FILE, "lmsim.json", *(f"{CDF_STEM}.{f}" for f in FORMATS)})
 
 
-def metric_columns() -> list[tuple[str, str, str]]:
+def metric_columns(tiers: bool = False) -> list[tuple[str, str, str]]:
     cols = [(f"{m}_{s}", f"{name} {s} ms", "{:.1f}") for m, name in LATENCIES for s in STATS]
-    return cols + list(OTHER_COLUMNS)
+    return cols + list(OTHER_COLUMNS) + (list(TIER_COLUMNS) if tiers else [])
 
 
 def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -55,8 +68,9 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
     base_row = None
     if baseline is not None:
         base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
-    for key, column, form in metric_columns():
-        scale = 1000.0 if column.endswith(" ms") else 1.0
+    tiers = "kv_tiers_instances" in index and bool(index["kv_tiers_instances"].notna().any())
+    for key, column, form in metric_columns(tiers):
+        scale = 1000.0 if column.endswith(" ms") else 1e-9 if column.endswith(" GB") else 1.0
         if key in index:
             values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
         else:  # a run saved before this metric existed

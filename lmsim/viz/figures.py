@@ -8,6 +8,9 @@ Kinds (seed figure in brackets):
   error    CDF of the relative error of the predicted TTFT (runs that logged predictions) [16]
   hotspot  per-minute class popularity x/x̄ vs cache coverage |M|/|M̄| with the alarm windows,
            and TTFT/TPOT over time per policy [21]
+  tiers    hit ratio at first admission (GPU; host + disk) and mean/P99 TTFT vs a swept KV
+           tier capacity (`cluster.kv_tiers.host.capacity_gb`, ...; 0 = no tier), one line per
+           policy: a capacity sweep, or a router ranking with and without a tier [issue 26]
 
 Swept keys are split into series (router.*: one line each, labelled by policy and the swept
 router params), the x axis (a rate key, or the plotted hyperparameter) and facets (every
@@ -36,7 +39,7 @@ from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
-KINDS = ("cdf", "rate", "param", "error", "hotspot")
+KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
 FORMATS = ("png", "svg", "pdf")
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
@@ -416,8 +419,78 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     return fig
 
 
+def tier_key(data: RunSet) -> str:
+    """The swept tier capacity (the first, if several are)."""
+    swept = [k for k in data.keys if "kv_tiers" in k and ".capacity_" in k and _free(data, k)]
+    if not swept:
+        raise PlotError(
+            f"{data.root}: a tiers plot needs a sweep over a KV tier capacity "
+            "(cluster.kv_tiers.host.capacity_gb or capacity_blocks) with at least two values"
+        )
+    return swept[0]
+
+
+_TIER_PANELS = (
+    ("gpu", "GPU hit ratio, 1st admission"), ("lower", "host + disk hit ratio, 1st admission"),
+    ("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
+)  # fmt: skip
+
+
+def plot_tiers(data: RunSet) -> plt.Figure:
+    """Hit ratios by tier and TTFT against the swept tier capacity, one row per workload,
+    one line per policy (mean over seeds with a 95% band). A run without tiers (capacity 0)
+    found nothing below the GPU: its lower-tier ratio is 0."""
+    key = tier_key(data)
+    tier = "disk" if ".disk." in key else "host"
+    unit = "GB" if key.endswith("capacity_gb") else "blocks"
+    x_label = f"{tier} tier per instance ({unit})"
+    facets = data.facets(exclude=(key,))
+    fig, axes = plt.subplots(len(facets), len(_TIER_PANELS), figsize=(15, 3.0 * len(facets)), squeeze=False)
+    for (title, frame), row_axes in zip(facets, axes):
+        styles = _line_style(data, frame)
+
+        def column(name: str, frame: pd.DataFrame = frame) -> pd.Series:
+            if name not in frame:
+                return pd.Series(0.0, index=frame.index)
+            return pd.to_numeric(frame[name], errors="coerce").astype(float)
+
+        values = {
+            "gpu": column("prefix_hit_ratio_first_admission"),
+            "lower": column("prefix_hit_ratio_first_admission_host").fillna(0.0)
+            + column("prefix_hit_ratio_first_admission_disk").fillna(0.0),
+            "ttft_s_mean": column("ttft_s_mean") * 1000.0,
+            "ttft_s_p99": column("ttft_s_p99") * 1000.0,
+        }
+        for ax, (metric, name) in zip(row_axes, _TIER_PANELS):
+            plotted = []
+            for label, lines in _series(data, frame):
+                points = pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]})
+                stats = points.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
+                color, marker, ls = styles[label]
+                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+                if (stats["count"] > 1).any():
+                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
+                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
+                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
+                                    color=color, alpha=0.2, lw=0)  # fmt: skip
+                plotted.append(stats["mean"].to_numpy())
+            if metric.startswith("ttft"):
+                set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+            else:
+                ax.set_ylim(bottom=0)
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+            panel_title(ax, title, width=45)
+        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
+
+
 PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
     "cdf": plot_cdf, "rate": plot_rate, "param": plot_param, "error": plot_error, "hotspot": plot_hotspot,
+    "tiers": plot_tiers,
 }  # fmt: skip
 
 
@@ -429,6 +502,7 @@ def supported_kinds(data: RunSet) -> list[str]:
         "param": lambda: param_key(data),
         "error": lambda: _prediction_runs(data),
         "hotspot": lambda: _hotspot_runs(data),
+        "tiers": lambda: tier_key(data),
     }
     for kind, check in checks.items():
         try:
