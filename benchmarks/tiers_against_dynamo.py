@@ -36,6 +36,9 @@ Mocker-parity settings on both sides (peer_research.md §A.2, §C.2):
   step the sum), a model local to this script and not an lmsim profile, so TTFTs compare
   like with like; a profile name uses that profile instead.
 
+`--repeats N` runs each side N times (lmsim with seeds 0..N-1; the mocker's KV router breaks
+ties at random, unseeded, so its runs differ) and prints each run and the means.
+
 Hit ratios are over completed requests' input tokens, as `replay_runs.py` sums the mocker's
 `first_admission_g1_reused_input_tokens` and `first_admission_host_reused_input_tokens` (the
 latter includes disk-promoted blocks: lmsim's column is host + disk).
@@ -143,7 +146,7 @@ def lmsim_side(a: dict) -> dict:
         cluster["cache_generated_blocks"] = False
     policy = {"policy": "round_robin"} if a["router"] == "round_robin" else {
         "policy": "dynamo", "params": {"disk_cache_hit_weight": 0.0}}
-    config = validate({"name": "tiers-vs-mocker", "workload": {"trace": a["trace"], "format": "mooncake"},
+    config = validate({"name": "tiers-vs-mocker", "seed": a.get("seed", 0), "workload": {"trace": a["trace"], "format": "mooncake"},
                        "cluster": cluster, "router": policy, "output": {"figures": False}}, where="tiers_against_dynamo")
     trace = load_workload_trace(config)
     if a["step_model"] == "mocker":
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-blocks", type=int, default=0, help="per worker, below the host tier")
     p.add_argument("--routers", default="round_robin,kv_router")
     p.add_argument("--step-model", default="mocker", help="'mocker' (its polynomial) or an lmsim profile name")
+    p.add_argument("--repeats", type=int, default=1, help="runs per side (lmsim seeds 0..N-1)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     args = p.parse_args(argv)
     if not Path(args.trace).is_file():
@@ -200,20 +204,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.limit} rows of {Path(args.trace).name}; {args.workers} workers x {args.gpu_blocks} GPU blocks, "
               f"host {args.host_blocks} and disk {args.disk_blocks} blocks per worker; lmsim step model: {args.step_model}")
         print(f"{'router':12} {'side':7} {'done':>9} {'GPU hit':>8} {'lower hit':>9} {'total':>7} {'mean TTFT ms':>12}")
+        naming = "?"
         for router in args.routers.split(","):
-            rows = [("mocker", peer_side(args.peer_python, {**common, "router": router})),
-                    ("lmsim", lmsim_side({**common, "router": router}))]
-            for side, row in rows:
-                if "error" in row:
-                    print(f"{router:12} {side:7} error: {row['error']}")
-                    continue
-                print(f"{router:12} {side:7} {row['completed']:>4}/{row['requests']:<4} {row['gpu']:8.4f} "
-                      f"{row['lower']:9.4f} {row['gpu'] + row['lower']:7.4f} {row['ttft_ms']:12.1f}")
-            if all("error" not in r for _, r in rows):
-                (_, m), (_, ls) = rows
+            sides = {
+                "mocker": [peer_side(args.peer_python, {**common, "router": router}) for _ in range(args.repeats)],
+                "lmsim": [lmsim_side({**common, "router": router, "seed": k}) for k in range(args.repeats)],
+            }
+            means = {}
+            for side, rows in sides.items():
+                for row in rows:
+                    if "error" in row:
+                        print(f"{router:12} {side:7} error: {row['error']}")
+                        continue
+                    naming = row.get("naming", naming)
+                    print(f"{router:12} {side:7} {row['completed']:>4}/{row['requests']:<4} {row['gpu']:8.4f} "
+                          f"{row['lower']:9.4f} {row['gpu'] + row['lower']:7.4f} {row['ttft_ms']:12.1f}")
+                ok = [r for r in rows if "error" not in r]
+                if ok:
+                    means[side] = {k: sum(r[k] for r in ok) / len(ok) for k in ("gpu", "lower", "ttft_ms")}
+                    if len(ok) > 1:
+                        m = means[side]
+                        print(f"{router:12} {side:7} {'mean':>9} {m['gpu']:8.4f} {m['lower']:9.4f} "
+                              f"{m['gpu'] + m['lower']:7.4f} {m['ttft_ms']:12.1f}")
+            if len(means) == 2:
+                m, ls = means["mocker"], means["lmsim"]
                 print(f"{'':12} {'diff':7} {'':9} {ls['gpu'] - m['gpu']:+8.4f} {ls['lower'] - m['lower']:+9.4f} "
                       f"{ls['gpu'] + ls['lower'] - m['gpu'] - m['lower']:+7.4f} {ls['ttft_ms'] - m['ttft_ms']:+12.1f}")
-        print(f"(lmsim generated-block naming off via: {rows[-1][1].get('naming', '?')})")
+        print(f"(lmsim generated-block naming off via: {naming})")
     return 0
 
 
