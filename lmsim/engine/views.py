@@ -319,38 +319,39 @@ class ViewAdapter:
         assert self._wrapped is not None
         return self._wrapped  # type: ignore[return-value]
 
-    def _cached_vector(self, request: Request) -> list[int]:
+    def _remember(self, slot: str, request: Request, match: Any) -> Any:
+        """`match(request, base, now)`, kept in `slot` while the request and the time are the
+        same (a policy asks several times per decision)."""
         base = self._base
         assert base is not None
         now = base.now
-        memo = self._memo
+        memo = getattr(self, slot)
         if memo is not None and memo[0] == request.request_id and memo[1] == now:
             return memo[2]
-        if self.approx is not None:
-            out = self.approx.match_tokens(request, base.block_size, now)
-        elif self.events is not None:
-            out = self.events.match_tokens(request, base.block_size, now)
-        else:
-            out = base.cached_prefix_tokens(request)
-        self._memo = (request.request_id, now, out)
+        out = match(request, base, now)
+        setattr(self, slot, (request.request_id, now, out))
         return out
 
-    def _by_tier_vector(self, request: Request) -> list[tuple[int, int, int]]:
-        base = self._base
-        assert base is not None
-        now = base.now
-        memo = self._tier_memo
-        if memo is not None and memo[0] == request.request_id and memo[1] == now:
-            return memo[2]
+    def _cached_vector(self, request: Request) -> list[int]:
+        return self._remember("_memo", request, self._match_gpu)
+
+    def _match_gpu(self, request: Request, base: ClusterView, now: float) -> list[int]:
         if self.approx is not None:
-            out = [(c, 0, 0) for c in self._cached_vector(request)]
-        elif self.events is not None:
-            base.catch_up_kv_tiers()  # the tiers' events due by now, published
-            out = self.events.match_tokens_by_tier(request, base.block_size, now)
-        else:
-            out = base.cached_prefix_tokens_by_tier(request)
-        self._tier_memo = (request.request_id, now, out)
-        return out
+            return self.approx.match_tokens(request, base.block_size, now)
+        if self.events is not None:
+            return self.events.match_tokens(request, base.block_size, now)
+        return base.cached_prefix_tokens(request)
+
+    def _by_tier_vector(self, request: Request) -> list[tuple[int, int, int]]:
+        return self._remember("_tier_memo", request, self._match_tiers)
+
+    def _match_tiers(self, request: Request, base: ClusterView, now: float) -> list[tuple[int, int, int]]:
+        if self.approx is not None:
+            return [(c, 0, 0) for c in self._cached_vector(request)]
+        if self.events is not None:
+            base.catch_up_kv_tiers()  # type: ignore[attr-defined]  # the tiers' events due by now
+            return self.events.match_tokens_by_tier(request, base.block_size, now)
+        return base.cached_prefix_tokens_by_tier(request)
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         if self.approx is not None:

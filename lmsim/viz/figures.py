@@ -159,6 +159,26 @@ _LATENCY_PANELS = (("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (
                    ("tpot_s_mean", "mean TPOT (ms)"), ("tpot_s_p99", "P99 TPOT (ms)"))  # fmt: skip
 
 
+def _mean_line(ax: Any, stats: pd.DataFrame, style: tuple[str, str, Any], label: str) -> np.ndarray:
+    """One series' mean against x (`stats`: mean, std, count per x), with a 95% band where
+    x has several runs (seeds); returns the plotted means."""
+    color, marker, ls = style
+    ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+    if (stats["count"] > 1).any():
+        half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
+                for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
+        ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half, color=color, alpha=0.2, lw=0)
+    return stats["mean"].to_numpy()
+
+
+def _label_panel(ax: Any, x_label: str, y_label: str, title: str) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.grid(alpha=0.3)
+    panel_title(ax, title, width=45)
+
+
 def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
     """Seed Figure 23's layout: one row per trace, mean and P99 TTFT and TPOT against x;
     with seeds, the mean over seeds and a 95% confidence band."""
@@ -171,26 +191,16 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
             for label, lines in _series(data, frame):
                 grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
                 stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                color, marker, ls = styles[label]
+                color = styles[label][0]
                 if not len(stats) and grouped["_y"].notna().any():
                     # A policy without the plotted parameter: its value as a reference line.
                     level = float(grouped["_y"].mean())
                     ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
                     plotted.append(np.array([level]))
                     continue
-                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
-                if (stats["count"] > 1).any():
-                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
-                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
-                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
-                                    color=color, alpha=0.2, lw=0)  # fmt: skip
-                plotted.append(stats["mean"].to_numpy())
+                plotted.append(_mean_line(ax, stats, styles[label], label))
             set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
-            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
-            ax.set_xlabel(x_label)
-            ax.set_ylabel(name)
-            ax.grid(alpha=0.3)
-            panel_title(ax, title, width=45)
+            _label_panel(ax, x_label, name, title)
         # Beside the row, not on it: lines fill every corner of these panels somewhere.
         _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
@@ -466,23 +476,12 @@ def plot_tiers(data: RunSet) -> plt.Figure:
             for label, lines in _series(data, frame):
                 points = pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]})
                 stats = points.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                color, marker, ls = styles[label]
-                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
-                if (stats["count"] > 1).any():
-                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
-                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
-                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
-                                    color=color, alpha=0.2, lw=0)  # fmt: skip
-                plotted.append(stats["mean"].to_numpy())
+                plotted.append(_mean_line(ax, stats, styles[label], label))
             if metric.startswith("ttft"):
                 set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
             else:
                 ax.set_ylim(bottom=0)
-            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
-            ax.set_xlabel(x_label)
-            ax.set_ylabel(name)
-            ax.grid(alpha=0.3)
-            panel_title(ax, title, width=45)
+            _label_panel(ax, x_label, name, title)
         _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     return fig
