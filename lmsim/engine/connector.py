@@ -64,6 +64,9 @@ class MultiConnector:
     tiers on one decode instance, say. Loads come from the first connector, in order, that
     offers blocks (vLLM `get_num_new_matched_tokens`: "the first connector that has new
     matched tokens will be assigned to this request"); every connector hears every finish.
+    vLLM asks every connector even after one has offered; here the later ones are not asked,
+    since a tier connector's lookup records the request's first-admission split, which should
+    say what was loaded, not what could have been.
     vLLM lets several connectors hold a finished request and frees it after the last one is
     done; lmsim's tier connector never holds, so at most one holder is allowed here and a
     second is an error rather than a silent early free."""

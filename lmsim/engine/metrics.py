@@ -21,8 +21,9 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
 * With lower KV tiers (lmsim.engine.kv_tiers), for requests admitted on an instance that has
   them (null otherwise): `kv_hit_tokens_host` and `kv_hit_tokens_disk`, the tokens found in
   host memory and on disk beyond the GPU hit (`cached_tokens`) at the first admission, and
-  `kv_load_bytes` and `kv_load_s`, the bytes every load of the request read and the seconds
-  from each load's start to its landing, summed (0 when nothing was loaded).
+  `kv_load_bytes` and `kv_load_s`, the bytes every load of the request moved (the
+  host-to-GPU copy, plus the disk read for disk blocks) and the seconds from each load's
+  start to its landing (queueing on the lanes included), summed (0 when nothing was loaded).
 * `output_tokens` is what the request generates: the trace's count, clipped to
   `max_model_len - input_tokens` (vLLM stops a request whose length reaches max_model_len).
 

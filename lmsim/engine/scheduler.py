@@ -142,8 +142,9 @@ class InstanceScheduler:
         self.loading: dict[Request, None] = {}  # blocks allocated, bytes on their way
         self.held: dict[Request, None] = {}  # finished, blocks kept for a reader
         self._load_counter = 0
-        # Seconds a connector's synchronous loads add to the next step planned (LMCache's
-        # non-layerwise load runs before the forward of the step that admits the request).
+        # Seconds a connector's synchronous loads add to the step that admits the request
+        # (LMCache's non-layerwise load runs before that step's forward); should the loaded
+        # request not fit after all, the next step that admits anything carries them.
         self.step_extra_s = 0.0
 
     # -- views ---------------------------------------------------------------------------
