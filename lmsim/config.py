@@ -116,15 +116,20 @@ POOL_ENGINE_FIELDS = (
 
 
 class TierConfig(_Strict):
-    """One lower KV tier of an instance (host memory or local disk)."""
+    """One lower KV tier of an instance (host memory or local disk). Unset bandwidths and
+    latency take the tier's defaults (`lmsim.engine.kv_tiers.TIER_DEFAULTS`: host 32e9 B/s
+    each way and no latency, Dynamo's mocker's PCIe lanes; disk 10e9 B/s and 0.1 ms, its G3)."""
 
-    capacity_blocks: int | None = Field(None, gt=0, description="capacity in KV blocks")
-    capacity_gb: float | None = Field(
-        None, gt=0, description="capacity in GB (1e9 bytes), divided by the profile's KV bytes per block"
+    capacity_blocks: int | None = Field(
+        None, ge=0, description="capacity in KV blocks (0: the tier stores nothing, as if absent)"
     )
-    read_bytes_s: float = Field(gt=0, description="bandwidth towards the GPU (load), bytes/s")
-    write_bytes_s: float = Field(gt=0, description="bandwidth from the GPU (store), bytes/s")
-    latency_s: float = Field(0.0, ge=0, description="first-byte latency of each transfer, s")
+    capacity_gb: float | None = Field(
+        None, ge=0, description="capacity in GB (1e9 bytes), divided by the bytes of a KV block "
+        "(block_size x the profile's kv_bytes_per_token)",
+    )
+    read_bytes_s: float | None = Field(None, gt=0, description="bandwidth towards the GPU (load), bytes/s")
+    write_bytes_s: float | None = Field(None, gt=0, description="bandwidth away from the GPU (store), bytes/s")
+    latency_s: float | None = Field(None, ge=0, description="first-byte latency of each transfer, s")
 
     @model_validator(mode="after")
     def _one_capacity(self) -> TierConfig:
@@ -135,7 +140,7 @@ class TierConfig(_Strict):
 
 class KVTiersConfig(_Strict):
     """Lower KV tiers per instance (issue 26): blocks leave the GPU to host memory (and disk)
-    and come back over PCIe instead of being recomputed."""
+    and come back over PCIe instead of being recomputed (`lmsim.engine.kv_tiers`)."""
 
     host: TierConfig | None = Field(None, description="host memory (CPU DRAM) tier")
     disk: TierConfig | None = Field(None, description="local disk tier, below host memory")
@@ -154,6 +159,10 @@ class KVTiersConfig(_Strict):
     )
     sharing: Literal["fifo", "fair", "none"] = Field(
         "fifo", description="how concurrent copies share an instance's PCIe lanes and disk"
+    )
+    kv_bytes_per_token: int | None = Field(
+        None, gt=0, description="KV bytes of one token (default: the profile's model.kv_bytes_per_token; "
+        "required with a linear profile)",
     )
 
     @model_validator(mode="after")

@@ -130,3 +130,51 @@ def test_networks_are_deterministic():
     first = run("fair", jobs, chans(x=100, y=60))
     again = run("fair", list(itertools.chain(jobs)), chans(x=100, y=60))
     assert first == again
+
+
+# -- planned lanes: the same rules, priced from submission stamps without the clock --------
+
+
+def drain(lane):
+    """Every completion of a PlannedLane, in order: name -> end time."""
+    ends = {}
+    while lane.peek() != float("inf"):
+        t, done = lane.pop()
+        for name in done:
+            ends[name] = t
+    return ends
+
+
+def test_planned_fifo_lane_by_hand():
+    # 100 B/s, 0.5 s latency: a 0.5..2.5; b ready 1.5, waits for a: 2.5..3.5; c ready 5.5: 5.5..6.5
+    from lmsim.engine.links import PlannedLane
+
+    lane = PlannedLane(Channel("x", 100), "fifo", latency_s=0.5)
+    for name, at, nbytes in (("a", 0, 200), ("b", 1, 100), ("c", 5, 100)):
+        lane.submit(at, nbytes, name)
+    assert drain(lane) == {"a": 2.5, "b": 3.5, "c": 6.5}
+    assert lane.busy_s == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        lane.submit(4, 1, "late")  # stamps never go back
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sharing=st.sampled_from(["none", "fifo", "fair"]),
+    latency=st.sampled_from([0.0, 0.25]),
+    jobs=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 500)), min_size=1, max_size=8),
+)
+def test_planned_lane_ends_where_the_clocked_network_does(sharing, latency, jobs):
+    """The stamp-driven lane (kv_tiers' stores) and TransferNetwork (its loads) give the same
+    completion times for the same submissions on one channel."""
+    from lmsim.engine.links import PlannedLane
+
+    jobs = sorted((at / 4, nbytes) for at, nbytes in jobs)
+    clocked = run(sharing, [(str(k), at, n, ("x",), latency) for k, (at, n) in enumerate(jobs)], chans(x=100))
+    lane = PlannedLane(Channel("x", 100), sharing, latency_s=latency)
+    for k, (at, n) in enumerate(jobs):
+        lane.submit(at, n, str(k))
+    planned = drain(lane)
+    assert planned.keys() == clocked.keys()
+    for k in planned:
+        assert planned[k] == pytest.approx(clocked[k], rel=1e-9, abs=1e-9)

@@ -317,6 +317,15 @@ def format_summary(name: str, s: dict) -> str:
     busy = {k.removeprefix("busy_fraction_"): v for k, v in s.items() if k.startswith("busy_fraction_") and v is not None}
     if busy:
         lines.append("busy " + ", ".join(f"{pool} {100 * v:.0f}%" for pool, v in busy.items()))
+    if s.get("kv_tiers_instances"):
+        disk = s.get("prefix_hit_ratio_first_admission_disk")
+        lines.append(
+            f"KV tiers on {s['kv_tiers_instances']} instances: hit at first admission GPU "
+            f"{s['prefix_hit_ratio_first_admission']:.3f}, host {s['prefix_hit_ratio_first_admission_host']:.3f}"
+            + (f", disk {disk:.3f}" if s.get("kv_offload_bytes_disk") is not None else "")
+            + f"; {s['kv_num_loads']} loads, {s['kv_h2d_bytes'] / 1e9:.1f} GB loaded, "
+            f"{s['kv_offload_bytes_host'] / 1e9:.1f} GB offloaded"
+        )
     return "\n".join(lines)
 
 

@@ -56,3 +56,51 @@ class KVConnector(Protocol):
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         """True to keep the finished request's blocks until `release_held(request)`."""
         ...
+
+
+class MultiConnector:
+    """Several connectors on one instance (vLLM `MultiConnector`,
+    `vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py`): a P/D receive and host
+    tiers on one decode instance, say. Loads come from the first connector, in order, that
+    offers blocks (vLLM `get_num_new_matched_tokens`: "the first connector that has new
+    matched tokens will be assigned to this request"); every connector hears every finish.
+    vLLM asks every connector even after one has offered; here the later ones are not asked,
+    since a tier connector's lookup records the request's first-admission split, which should
+    say what was loaded, not what could have been.
+    vLLM lets several connectors hold a finished request and frees it after the last one is
+    done; lmsim's tier connector never holds, so at most one holder is allowed here and a
+    second is an error rather than a silent early free."""
+
+    def __init__(self, connectors: list[KVConnector]) -> None:
+        self.connectors = list(connectors)
+        self._chosen: dict[int, KVConnector] = {}  # request id -> the connector that offered
+
+    def external_blocks(self, scheduler: InstanceScheduler, request: Request, local_hit_blocks: int) -> int:
+        self._chosen.pop(request.request_id, None)
+        for connector in self.connectors:
+            blocks = connector.external_blocks(scheduler, request, local_hit_blocks)
+            if blocks:
+                self._chosen[request.request_id] = connector
+                return blocks
+        return 0
+
+    def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
+        self._chosen.pop(request.request_id).start_load(scheduler, request, first_block, num_blocks)
+
+    def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
+        holders = [c for c in self.connectors if c.hold_on_finish(scheduler, request)]
+        if len(holders) > 1:
+            raise RuntimeError(f"request {request.request_id}: two connectors hold its blocks; one may")
+        return bool(holders)
+
+
+def attach_connector(scheduler: InstanceScheduler, connector: KVConnector) -> None:
+    """Give the instance `connector`, after any it already has (a `MultiConnector` when
+    there are several)."""
+    current = scheduler.connector
+    if current is None:
+        scheduler.connector = connector
+    elif isinstance(current, MultiConnector):
+        current.connectors.append(connector)
+    else:
+        scheduler.connector = MultiConnector([current, connector])

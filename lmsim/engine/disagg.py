@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.connector import attach_connector
 from lmsim.engine.instance import materialize_all
 from lmsim.engine.links import Channel, Transfer, TransferNetwork
 from lmsim.engine.request import Request
@@ -126,7 +127,9 @@ class Disaggregation:
         self._starting: list[Handoff] = []  # transfers started now, to submit together
         prefill_side, decode_side = _PrefillSide(self), _DecodeSide(self)
         for instance in sim.instances:
-            instance.scheduler.connector = prefill_side if instance.pool.role == "prefill" else decode_side
+            # first on its instance: a decode leg's KV comes from its prefill instance, and
+            # only what that does not supply is looked up in lower tiers (lmsim.engine.kv_tiers)
+            attach_connector(instance.scheduler, prefill_side if instance.pool.role == "prefill" else decode_side)
         self.policy: Any = None  # set by the DisaggRouter
         self.router: DisaggRouter | None = None
 

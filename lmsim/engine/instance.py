@@ -91,7 +91,9 @@ class Instance:
         self._reconsider()
 
     def external_ready(self, request: Request) -> None:
-        """A connector's load for `request` has landed (lmsim.engine.connector)."""
+        """A connector's load for `request` has landed (lmsim.engine.connector). Its blocks
+        become cache entries now, between steps; their KV events are published with the next
+        step (see `on_kv_event`)."""
         self.materialize()
         self._receiving = True
         self.scheduler.finish_load(request)
@@ -181,7 +183,12 @@ class Instance:
             rejected, self.scheduler.rejected = self.scheduler.rejected, []
             for request in rejected:
                 self._on_rejected(request)
-        if plan is None:  # events of a load wait for the step that will use its blocks
+        if plan is None:
+            # A plan that only started loads (their blocks' allocation evicted some) runs no
+            # step: its events are published at once, as vLLM's output of an empty step.
+            events, self._kv_unstamped = self._kv_unstamped, []
+            for block_hash, stored in events:
+                self.kv_sink(self.instance_id, block_hash, stored, self.env.now)  # type: ignore[misc]
             return
         # accumulate adds exactly as `t = t + d` step by step would, at C speed.
         times = list(accumulate(plan.durations, initial=self.env.now))

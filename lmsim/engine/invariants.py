@@ -30,6 +30,7 @@ class Simulation(Protocol):
     config: Any
     cost_model: Any
     pool_cost_models: dict[str, Any]
+    kv_tiers: dict[int, Any]  # instance id -> its lower KV tiers (lmsim.engine.kv_tiers)
     recorder: Any
     instances: list[Instance]
     live: int
@@ -233,7 +234,8 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
 
 def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: float) -> None:
     """Every KV a prefill instance holds is being read by (or about to be offered to) the
-    decode instance of its request; every load on a decode instance is such a transfer; a
+    decode instance of its request; every load on a decode instance is such a transfer (or
+    one from the instance's own lower KV tiers); a
     handoff past its prefill has its leg held on its prefill instance."""
     from lmsim.engine.disagg import PREFILLING, TRANSFERRING
 
@@ -245,7 +247,10 @@ def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: 
                 h = handoffs.get(leg.request_id)
                 if h is None or h.leg is not leg or h.prefill_id != inst.instance_id or h.state == PREFILLING:
                     _fail(f"prefill instance {inst.instance_id} holds request {leg.request_id}'s KV for no handoff", instance, step, now)
+        tier = sim.kv_tiers.get(inst.instance_id)
         for request in s.loading:
+            if tier is not None and request.request_id in tier.loading_ids:
+                continue  # a load from the instance's own host memory or disk
             h = handoffs.get(request.request_id)
             if h is None or h.state != TRANSFERRING or h.decode_id != inst.instance_id:
                 _fail(f"instance {inst.instance_id} loads request {request.request_id}'s KV outside a transfer", instance, step, now)

@@ -24,6 +24,7 @@ each completion re-plans the next completion event; an outdated event is ignored
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -222,3 +223,107 @@ def assign_max_min_rates(transfers: list[Transfer]) -> None:
             unfrozen.discard(id(t))
             for c in t.channels:
                 capacity[id(c)] -= best_share
+
+
+class PlannedLane:
+    """Transfers over one channel priced without the SimPy clock, for submissions that carry
+    their own time: a KV block stored by a step is known when the step is planned, counts
+    from the step's end, and under fast-forward may reach its lane only after that end has
+    passed. The lane is then a function of its submissions, not of when they were made.
+
+    Submissions come in non-decreasing time order. `peek()` is the time of the lane's next
+    event (a transfer joining a fair share, or transfers completing); `pop()` processes it.
+    A caller drives the lane up to a horizon it knows every submission before has been made
+    (`lmsim.engine.kv_tiers` drives several lanes together, in time order, since one lane's
+    completions submit to another). The sharing rules are `TransferNetwork`'s on a single
+    channel: `none` and `fifo` fix a transfer's end when it is submitted, `fair` shares the
+    bandwidth equally among the transfers under way (processor sharing). tests/test_links.py
+    checks every rule against `TransferNetwork` on the same submissions.
+    """
+
+    def __init__(self, channel: Channel, sharing: str, latency_s: float = 0.0) -> None:
+        if sharing not in SHARING_MODES:
+            raise ValueError(f"sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
+        self.channel = channel
+        self.sharing = sharing
+        self.latency_s = latency_s
+        self._seq = 0
+        self._last_submit = float("-inf")
+        self._ends: list[tuple[float, int, object]] = []  # none/fifo: (end, seq, payload) heap
+        # fair: transfers not yet moving (ready time, seq, bytes, payload) in time order, and
+        # the ones moving [remaining bytes, seq, payload], as of time `_t`
+        self._joining: list[tuple[float, int, float, object]] = []
+        self._join_head = 0
+        self._moving: list[list] = []
+        self._t = 0.0
+        self.bytes_moved = 0.0
+        self.num_transfers = 0
+        self.busy_s = 0.0  # time with at least one transfer moving bytes
+        self._busy_until = float("-inf")
+
+    def submit(self, at: float, nbytes: float, payload: object) -> None:
+        if at < self._last_submit:
+            raise ValueError(f"{self.channel.name}: submission at {at} after one at {self._last_submit}")
+        self._last_submit = at
+        self._seq += 1
+        self.num_transfers += 1
+        self.bytes_moved += nbytes
+        ready = at + self.latency_s
+        bandwidth = self.channel.bandwidth_bytes_s
+        if self.sharing == "fair":
+            self._joining.append((ready, self._seq, float(nbytes), payload))
+            return
+        start = max(ready, self.channel.free_at) if self.sharing == "fifo" else ready
+        end = start + nbytes / bandwidth
+        if self.sharing == "fifo":
+            self.channel.free_at = end
+        # starts never decrease under none and fifo: the busy union grows at its end
+        self.busy_s += max(0.0, end - max(start, self._busy_until))
+        self._busy_until = max(self._busy_until, end)
+        heapq.heappush(self._ends, (end, self._seq, payload))
+
+    def peek(self) -> float:
+        if self.sharing != "fair":
+            return self._ends[0][0] if self._ends else INF
+        nxt = self._joining[self._join_head][0] if self._join_head < len(self._joining) else INF
+        if self._moving:
+            done = self._t + min(m[0] for m in self._moving) * len(self._moving) / self.channel.bandwidth_bytes_s
+            nxt = min(nxt, done)
+        return nxt
+
+    def pop(self) -> tuple[float, list[object]]:
+        """Process the next event: (its time, the payloads of the transfers it completes)."""
+        if self.sharing != "fair":
+            end, _seq, payload = heapq.heappop(self._ends)
+            out = [payload]
+            while self._ends and self._ends[0][0] == end:
+                out.append(heapq.heappop(self._ends)[2])
+            return end, out
+        t = self.peek()
+        moving = self._moving
+        if moving:
+            moved = (t - self._t) * self.channel.bandwidth_bytes_s / len(moving)
+            for m in moving:
+                m[0] -= moved
+            self.busy_s += t - self._t
+        self._t = t
+        # Transfers that reach zero now (equal shares of equal sizes end together; rounding
+        # leaves a few ulps of bytes) complete; a tie between a completion and a join
+        # completes first, which shares out the same bytes either way.
+        tolerance = self.channel.bandwidth_bytes_s * 1e-12 * max(1.0, t)
+        done = [m for m in moving if m[0] <= tolerance]
+        if done:
+            self._moving = [m for m in moving if m[0] > tolerance]
+            return t, [m[2] for m in sorted(done, key=lambda m: m[1])]
+        _ready, seq, nbytes, payload = self._joining[self._join_head]
+        self._join_head += 1
+        if self._join_head > 1024 and self._join_head * 2 > len(self._joining):
+            del self._joining[: self._join_head]
+            self._join_head = 0
+        if nbytes <= 0:
+            return t, [payload]
+        moving.append([nbytes, seq, payload])
+        return t, []
+
+
+INF = float("inf")

@@ -88,6 +88,13 @@ class Request:
     kv_loaded: bool = False
     kv_load_seq: int = 0  # loading order, so loaded requests keep their queue order
     kv_held_extra: int = 0  # unnamed tail blocks a held (finished) request still holds
+    # Lower KV tiers (lmsim.engine.kv_tiers): tokens found in host memory and on disk at the
+    # first admission (-1: never looked up on an instance with tiers), and every load's bytes
+    # and seconds (submission to landing).
+    kv_hit_tokens_host: int = -1
+    kv_hit_tokens_disk: int = -1
+    kv_load_bytes: int = 0
+    kv_load_s: float = 0.0
     # The last prefix-cache match: valid while the cache's version and the cap are these.
     hit_memo_version: int = 0
     hit_memo_cap: int = -1

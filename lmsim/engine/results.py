@@ -26,6 +26,7 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 # disk, never float64 with NaN (see study/rundir.py). Unknown is always null.
 NULLABLE_INT_COLUMNS = (
     "instance_id", "cached_tokens", "session_id", "class_id", "prefill_instance_id", "kv_transfer_bytes",
+    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes",
 )
 # The columns only a disaggregated cluster's requests have (engine/metrics.py HandoffRecords),
 # after `instance_id` (there: the decode instance).
@@ -99,6 +100,11 @@ class Results:
             for k, name in enumerate(HANDOFF_COLUMNS):
                 values = getattr(h, name)
                 requests.insert(at + k, name, nullable_int(values) if name in NULLABLE_INT_COLUMNS else values)
+        if rec.kv_tiers:  # after reject_reason: the columns of a run without tiers keep their places
+            requests["kv_hit_tokens_host"] = nullable_int(rec.kv_hit_tokens_host)
+            requests["kv_hit_tokens_disk"] = nullable_int(rec.kv_hit_tokens_disk)
+            requests["kv_load_bytes"] = nullable_int(rec.kv_load_bytes)
+            requests["kv_load_s"] = rec.kv_load_s
         instances = pd.DataFrame(
             rec.samples,
             columns=[
@@ -135,6 +141,10 @@ class Results:
                 "policy": sim.config.router.policy,
             }
         )
+        if sim.kv_tiers:
+            from lmsim.engine.kv_tiers import tier_summary
+
+            summary.update(tier_summary(sim, requests))
         summary["requests_per_wall_s"] = (
             summary["num_finished"] / wall_time_s if wall_time_s > 0 else None
         )
@@ -183,6 +193,10 @@ def summarize(
     cached_total = cached.to_numpy(dtype=np.int64, na_value=0)[admitted].sum()
     first = float(cached_total / input_total) if input_total else 0.0
     summary["prefix_hit_ratio_first_admission"] = first
+    if "kv_hit_tokens_host" in requests:  # lower tiers: the tokens they served at first admission
+        for tier in ("host", "disk"):
+            hits = requests[f"kv_hit_tokens_{tier}"].to_numpy(dtype=np.int64, na_value=0)[admitted].sum()
+            summary[f"prefix_hit_ratio_first_admission_{tier}"] = float(hits / input_total) if input_total else 0.0
     # vLLM's prefix-cache hit rate (0.11 `KVCacheManager.get_computed_blocks`): hits over
     # tokens looked up, resumed requests' lookups included (vLLM 0.11 counted them with the
     # rest; 0.33 records them separately as `preempted_*`). Runs saved before these

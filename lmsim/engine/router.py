@@ -17,6 +17,7 @@ import simpy
 
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex
+from lmsim.engine.kv_tiers import TieredKV
 from lmsim.engine.request import Request
 from lmsim.errors import PolicyError
 from lmsim.policies.base import Policy
@@ -26,12 +27,13 @@ class LiveInstanceView:
     """A read-only window on one instance. Reading is side-effect free for the simulation."""
 
     __slots__ = (
-        "_instance", "_scheduler", "cost_model", "instance_id", "max_num_batched_tokens", "max_num_seqs",
-        "pool", "role",
+        "_instance", "_scheduler", "_tiers", "cost_model", "instance_id", "max_num_batched_tokens",
+        "max_num_seqs", "pool", "role",
     )
 
-    def __init__(self, instance: Instance) -> None:
+    def __init__(self, instance: Instance, tiers: TieredKV | None = None) -> None:
         self._instance = instance
+        self._tiers = tiers
         self._scheduler = instance.scheduler
         self.instance_id = instance.instance_id
         # What the instance is, fixed for the run: mixed fleets price each on its own profile.
@@ -88,6 +90,12 @@ class LiveInstanceView:
     def queued_prefills(self) -> list[tuple[int, int]]:
         return self._scheduler.queued_prefills()
 
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        """Seconds this instance takes to bring that many tokens from host memory and disk to
+        the GPU on idle lanes (0 without tiers)."""
+        tiers = self._tiers
+        return tiers.load_time_s(host_tokens, disk_tokens) if tiers is not None else 0.0
+
     def step_in_flight(self) -> tuple[float, list[int]]:
         """(seconds until the running step ends, prompt tokens it computes for each entry of
         `queued_prefills()`, in the same order)."""
@@ -110,12 +118,15 @@ class LiveClusterView:
         index: GlobalPrefixIndex,
         block_size: int,
         enable_prefix_caching: bool,
+        kv_tiers: dict[int, TieredKV] | None = None,
     ) -> None:
         self._env = env
-        self.instances = [LiveInstanceView(i) for i in instances]
+        self._tiers = kv_tiers or {}
+        self.instances = [LiveInstanceView(i, self._tiers.get(i.instance_id)) for i in instances]
         self._index = index
         self.block_size = block_size
         self._caching = enable_prefix_caching
+        self.has_kv_tiers = bool(self._tiers)
 
     @property
     def now(self) -> float:
@@ -127,6 +138,33 @@ class LiveClusterView:
         bs = self.block_size
         cap = (request.input_tokens - 1) // bs
         return [b * bs for b in self._index.match_blocks(request.block_hashes, cap)]
+
+    def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
+        """Per instance (GPU, host, disk) tokens of `request`'s prompt: the GPU prefix hit
+        (as `cached_prefix_tokens`), then the blocks continuing it in host memory, then those
+        continuing that on disk, up to the prompt's full blocks: what the instance's tiers
+        would load at admission now (lmsim.engine.kv_tiers)."""
+        gpu = self.cached_prefix_tokens(request)
+        if not self._tiers or not self._caching:
+            return [(g, 0, 0) for g in gpu]
+        bs = self.block_size
+        hashes = request.block_hashes
+        stop = min(len(hashes), request.input_tokens // bs)
+        out = []
+        for i, g in enumerate(gpu):
+            tiers = self._tiers.get(i)
+            if tiers is None:
+                out.append((g, 0, 0))
+                continue
+            host, disk = tiers.split(hashes, g // bs, stop)
+            out.append((g, host * bs, disk * bs))
+        return out
+
+    def catch_up_kv_tiers(self) -> None:
+        """Apply every tier store due by now (their KV events with it)."""
+        now = self._env.now
+        for tiers in self._tiers.values():
+            tiers.catch_up(now)
 
 
 class RouterBase:

@@ -34,6 +34,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from lmsim.engine.connector import KVConnector
 from lmsim.engine.kv_cache import ANON, PrefixCache
@@ -141,6 +142,10 @@ class InstanceScheduler:
         self.loading: dict[Request, None] = {}  # blocks allocated, bytes on their way
         self.held: dict[Request, None] = {}  # finished, blocks kept for a reader
         self._load_counter = 0
+        # Seconds a connector's synchronous loads add to the step that admits the request
+        # (LMCache's non-layerwise load runs before that step's forward); should the loaded
+        # request not fit after all, the next step that admits anything carries them.
+        self.step_extra_s = 0.0
 
     # -- views ---------------------------------------------------------------------------
 
@@ -595,7 +600,11 @@ class InstanceScheduler:
 
     def _step_time(self, plan: StepPlan) -> float:
         chunks = [(q, r.num_computed_tokens) for r, q in plan.chunks]
-        return self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        if self.step_extra_s:
+            seconds += self.step_extra_s
+            self.step_extra_s = 0.0
+        return seconds
 
     def _admit(self, plan: StepPlan, budget_left: int, now: float) -> None:
         cache = self.cache
@@ -892,16 +901,16 @@ class InstanceScheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.state = _WAITING
-        if self.connector is None:
-            self.waiting.appendleft(request)
-        else:
-            # Behind requests waiting with loaded blocks: they start without new room, while
-            # the preempted one needs its blocks again; ahead of it, their blocks could keep
-            # it from ever fitting while nothing runs.
-            ahead = 0
-            while ahead < len(self.waiting) and self.waiting[ahead].kv_loaded:
-                ahead += 1
+        # Back to the front of the queue, but behind requests whose loaded blocks wait there
+        # (lmsim.engine.connector): they hold blocks, and a head that needs those blocks
+        # would otherwise wait for them forever once nothing runs.
+        ahead = 0
+        if self.connector is not None:
+            ahead = sum(1 for _ in takewhile(_is_loaded, self.waiting))
+        if ahead:
             self.waiting.insert(ahead, request)
+        else:
+            self.waiting.appendleft(request)
         self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
 
     def _set_pending(self, request: Request, value: int) -> None:
@@ -917,3 +926,7 @@ _WAITING, _RUNNING, _FINISHED = RequestState.WAITING, RequestState.RUNNING, Requ
 
 def _admit_seq(request: Request) -> int:
     return request.admit_seq
+
+
+def _is_loaded(request: Request) -> bool:
+    return request.kv_loaded

@@ -22,6 +22,7 @@ from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.disagg import Disaggregation, DisaggRouter
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
+from lmsim.engine.kv_tiers import build_kv_tiers
 from lmsim.engine.metrics import (
     EXCEEDS_KV_CACHE,
     PROMPT_TOO_LONG,
@@ -71,6 +72,9 @@ class _Context:
     def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
         self._sim.subscribe_kv_events(callback)
 
+    def subscribe_tier_kv_events(self, callback: Callable[[int, int, bool, float, str], None]) -> None:
+        self._sim.subscribe_tier_kv_events(callback)
+
     def record_event(self, kind: str, **fields: Any) -> None:
         self._sim.router_events.append({"time_s": self._sim.env.now, "kind": kind, **fields})
 
@@ -84,6 +88,7 @@ class Simulation:
         self.pools = cfg.pool_specs()
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
+        self._tier_subscribers: list[Callable[[int, int, bool, float, str], None]] = []
         self.router_events: list[dict[str, Any]] = []
         self.index = GlobalPrefixIndex(cfg.total_instances)
         self.recorder = Recorder(len(trace), trace.output_tokens)
@@ -148,9 +153,14 @@ class Simulation:
             self.policy.bind(self.disagg.context(_Context(self, np.random.default_rng(seeds[0])), seeds[0]))
         else:
             self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
+        # host memory / disk below the GPU caches (lmsim.engine.kv_tiers); {} without tiers.
+        # After the disaggregation's connectors, which come first on their instances.
+        self.kv_tiers = build_kv_tiers(self)
+        if self.kv_tiers:
+            self.recorder.track_kv_tiers()
         self.adapter = self._view_adapter(np.random.default_rng(seeds[1]))
         cluster = LiveClusterView(
-            self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching
+            self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching, self.kv_tiers
         )
         self.router: Router | DisaggRouter
         if self.disagg is not None:
@@ -222,6 +232,19 @@ class Simulation:
                 instance.kv_sink = self._publish_kv_event
             self.kv_listeners.append(self._on_cache_kv_event)
         self._kv_subscribers.append(callback)
+
+    def subscribe_tier_kv_events(self, callback: Callable[[int, int, bool, float, str], None]) -> None:
+        """`callback(instance_id, block_hash, stored, at, medium)` for every block an
+        instance's host memory (`medium` "cpu") or disk ("disk") gains or evicts, at the time
+        its copy lands or it is pushed out (lmsim.engine.kv_tiers)."""
+        if not self._tier_subscribers:
+            for tier in self.kv_tiers.values():
+                tier.publish = self._publish_tier_event
+        self._tier_subscribers.append(callback)
+
+    def _publish_tier_event(self, instance_id: int, block_hash: int, stored: bool, at: float, medium: str) -> None:
+        for callback in self._tier_subscribers:
+            callback(instance_id, block_hash, stored, at, medium)
 
     def _on_cache_kv_event(self, instance_id: int, block_hash: int, stored: bool) -> None:
         self.instances[instance_id].on_kv_event(block_hash, stored)

@@ -59,13 +59,25 @@ class InstanceView(Protocol):
         computing for each entry of `queued_prefills()`)."""
         ...
 
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        """Seconds the instance takes to bring that many tokens from its host memory and disk
+        to the GPU on idle lanes (0 without lower KV tiers)."""
+        ...
+
 
 class ClusterView(Protocol):
     instances: Sequence[InstanceView]
     now: float
     block_size: int
+    has_kv_tiers: bool  # some instance keeps KV in host memory or on disk (lmsim.engine.kv_tiers)
 
     def cached_prefix_tokens(self, request: Request) -> list[int]: ...
+
+    def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
+        """Per instance (GPU, host, disk) tokens: the GPU prefix hit (as
+        `cached_prefix_tokens`), then the tokens continuing it in host memory, then those
+        continuing that on disk: what the instance would load instead of computing."""
+        ...
 
 
 class RouterContext(Protocol):

@@ -112,6 +112,19 @@ class Dynamo(Policy):
     `--no-kv-events` mode. The engine caps a hit at `input − 1` tokens; Dynamo's indexer does
     not, which only matters when a whole prompt is cached.
 
+    Lower KV tiers (KVBM; lmsim.engine.kv_tiers). Dynamo's KV events carry a storage tier
+    (`StorageTier::{Device, HostPinned, Disk}`, from vLLM's `medium`), its indexer walks the
+    prompt on the device, then continues on host memory, then on disk (`query_lower_tiers`),
+    and the selector credits the continuation at lower weights
+    (`lib/kv-router/src/scheduling/selector/default.rs`, `DefaultScorer::score`):
+    logit = prefill_load_scale · max(0, raw_prefill_blocks − (device + host_cache_hit_weight ·
+    host + disk_cache_hit_weight · disk)) + decode blocks, defaults 0.75 and 0.25
+    (`KvRouterConfig`). A routed request's active prefill tokens are its prompt minus that
+    weighted overlap rounded up to whole blocks (the mocker reports 1,392 device + 0.75 x
+    2,704 host tokens as 3,424, peer_research.md §A.3). Dynamo's offline replay (the mocker)
+    credits host blocks but never disk ones: `disk_cache_hit_weight: 0` reproduces it. With
+    no tiers in the cluster nothing of this runs.
+
     Params:
       overlap_score_weight=1.0 (>= 0)
       temperature=0.0: 0 = greedy with uniformly random ties; > 0 samples w with
@@ -124,7 +137,9 @@ class Dynamo(Policy):
         once (Dynamo `router_assume_kv_reuse`); False counts every request's blocks as its own.
       (Dynamo's disaggregated decode router sets credit 0, assume_kv_reuse false and
       track_prefill_tokens false: `build_decode_router_override` in its frontend.)
-    Not modelled: `router_queue_threshold` (off), host/disk tier credits, replica sync.
+      host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25 (>= 0): credit per host / disk
+        block continuing the device prefix.
+    Not modelled: `router_queue_threshold` (off), replica sync.
     """
 
     def __init__(
@@ -136,10 +151,14 @@ class Dynamo(Policy):
         track_prefill_tokens: bool = True,
         overlap_score_credit: float = 1.0,
         assume_kv_reuse: bool = True,
+        host_cache_hit_weight: float = 0.75,
+        disk_cache_hit_weight: float = 0.25,
     ) -> None:
         self.w = check_number("overlap_score_weight", overlap_score_weight, lo=0)
         self.credit = check_number("overlap_score_credit", overlap_score_credit, lo=0)
         self.reuse = check_bool("assume_kv_reuse", assume_kv_reuse)
+        self.host_w = check_number("host_cache_hit_weight", host_cache_hit_weight, lo=0)
+        self.disk_w = check_number("disk_cache_hit_weight", disk_cache_hit_weight, lo=0)
         self.temperature = check_number("temperature", temperature, lo=0)
         self.track_blocks = check_bool("track_active_blocks", track_active_blocks)
         self.track_prefill = check_bool("track_prefill_tokens", track_prefill_tokens)
@@ -178,8 +197,16 @@ class Dynamo(Policy):
         self._ensure(n)
         bsz = cluster.block_size
         isl = request.input_tokens
-        cached = cluster.cached_prefix_tokens(request)
-        self._last = (request.request_id, cached)
+        lower: list[float] | None = None
+        if getattr(cluster, "has_kv_tiers", False):
+            by_tier = cluster.cached_prefix_tokens_by_tier(request)
+            cached = [g for g, _, _ in by_tier]
+            lower = [self.host_w * h + self.disk_w * d for _, h, d in by_tier]  # credited tokens
+            # active prefill counts the prompt minus the weighted overlap, in whole blocks
+            routed = [min(isl, math.ceil((g + c) / bsz) * bsz) for g, c in zip(cached, lower)]
+        else:
+            cached = routed = cluster.cached_prefix_tokens(request)
+        self._last = (request.request_id, routed)
         hashes = request.block_hashes
         total_blocks = isl // bsz  # complete blocks: a partial tail is prefill work only
         w = self.w
@@ -188,6 +215,8 @@ class Dynamo(Policy):
         for i in range(n):
             new_tokens = max(0, isl - cached[i]) if credit == 1.0 else max(0.0, isl - credit * cached[i])
             prefill = new_tokens + (self.active_prefill[i] if self.track_prefill else 0)
+            if lower is not None:
+                prefill = max(0.0, prefill - lower[i])
             logit = w * prefill / bsz
             if self.track_blocks:
                 active = self.active_blocks[i]

@@ -162,7 +162,6 @@ class TableCostModel:
         self._weights = float(m["model"]["weight_bytes"])
         self._overhead_gib = float(m["memory"]["non_kv_overhead_gib"])
         self._kv_per_token = int(m["model"]["kv_bytes_per_token"])
-        self.kv_bytes_per_token = self._kv_per_token  # what a P/D transfer moves per token
         # The model's context window when the profile declares one (vLLM's default
         # max_model_len); None leaves prompt and output lengths unchecked.
         declared = m["model"].get("max_model_len")
@@ -195,6 +194,11 @@ class TableCostModel:
 
     def __repr__(self) -> str:
         return f"TableCostModel({self.name!r}, source={self.data.source!r})"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token occupies on a rank (sizes host/disk tier blocks and copies)."""
+        return self._kv_per_token
 
     # -- components (scalar) ----------------------------------------------------------------
     def _decode_attention(self, batch: int, context: int) -> float:

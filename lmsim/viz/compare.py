@@ -39,15 +39,31 @@ DISAGG_COLUMNS = (
     ("kv_transfer_bytes_mean", "KV transfer mean MB", "{:.1f}"),
     ("num_prefilled_on_decode", "prefilled on decode", "{:.0f}"),
 )
+# Shown when a compared run has lower KV tiers (lmsim.engine.kv_tiers): hit ratios per tier at
+# first admission and over every lookup, bytes moved and lane busy time (summed over instances).
+TIER_COLUMNS = (
+    ("prefix_hit_ratio_first_admission", "GPU hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_host", "host hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_disk", "disk hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_host", "host hit", "{:.3f}"),
+    ("prefix_hit_ratio_disk", "disk hit", "{:.3f}"),
+    ("kv_h2d_bytes", "loaded GB", "{:.1f}"),
+    ("kv_offload_bytes_host", "offloaded GB", "{:.1f}"),
+    ("kv_h2d_busy_s", "load busy s", "{:.1f}"),
+    ("kv_d2h_busy_s", "store busy s", "{:.1f}"),
+)
 TABLE_FILE, TEXT_FILE = "compare.csv", "compare.txt"  # named in study.rundir.COMPARE_FILES
 CDF_STEM = "cdf"
 COMPARE_DIR_FILES = COMPARE_FILES | {f"{CDF_STEM}.{f}" for f in FORMATS}
 
 
 def metric_columns(index: pd.DataFrame | None = None) -> list[tuple[str, str, str]]:
+    """The table's columns; with the compared runs' `index`, also the disaggregation and
+    KV-tier columns when some run has them."""
     cols = [(f"{m}_{s}", f"{name} {s} ms", "{:.1f}") for m, name in LATENCIES for s in STATS]
     extra = [c for c in DISAGG_COLUMNS if index is not None and c[0] in index and index[c[0]].notna().any()]
-    return cols + list(OTHER_COLUMNS) + extra
+    tiers = index is not None and "kv_tiers_instances" in index and bool(index["kv_tiers_instances"].notna().any())
+    return cols + list(OTHER_COLUMNS) + extra + (list(TIER_COLUMNS) if tiers else [])
 
 
 def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -62,7 +78,7 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
     if baseline is not None:
         base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
     for key, column, form in metric_columns(index):
-        scale = 1000.0 if column.endswith(" ms") else 1e-6 if column.endswith(" MB") else 1.0
+        scale = 1000.0 if column.endswith(" ms") else 1e-6 if column.endswith(" MB") else 1e-9 if column.endswith(" GB") else 1.0
         if key in index:
             values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
         else:  # a run saved before this metric existed

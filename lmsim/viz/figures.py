@@ -8,6 +8,9 @@ Kinds (seed figure in brackets):
   error    CDF of the relative error of the predicted TTFT (runs that logged predictions) [16]
   hotspot  per-minute class popularity x/x̄ vs cache coverage |M|/|M̄| with the alarm windows,
            and TTFT/TPOT over time per policy [21]
+  tiers    hit ratio at first admission (GPU; host + disk) and mean/P99 TTFT vs a swept KV
+           tier capacity (`cluster.kv_tiers.host.capacity_gb`, ...; 0 = no tier), one line per
+           policy: a capacity sweep, or a router ranking with and without a tier [issue 26]
 
 Swept keys are split into series (router.*: one line each, labelled by policy and the swept
 router params), the x axis (a rate key, or the plotted hyperparameter) and facets (every
@@ -42,7 +45,7 @@ from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
-KINDS = ("cdf", "rate", "param", "error", "hotspot")
+KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
 FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
@@ -190,6 +193,26 @@ _LATENCY_PANELS = (("ttft_s_mean", "mean TTFT"), ("ttft_s_p99", "P99 TTFT"),
                    ("tpot_s_mean", "mean TPOT"), ("tpot_s_p99", "P99 TPOT"))  # fmt: skip
 
 
+def _mean_line(ax: Any, stats: pd.DataFrame, style: tuple[str, str, Any], label: str) -> np.ndarray:
+    """One series' mean against x (`stats`: mean, std, count per x), with a 95% band where
+    x has several runs (seeds); returns the plotted means."""
+    color, marker, ls = style
+    ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+    if (stats["count"] > 1).any():
+        half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
+                for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
+        ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half, color=color, alpha=0.2, lw=0)
+    return stats["mean"].to_numpy()
+
+
+def _label_panel(ax: Any, x_label: str, y_label: str, title: str) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.grid(alpha=0.3)
+    panel_title(ax, title, width=45)
+
+
 def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
     """Seed Figure 23's layout: one row per trace, mean and P99 TTFT and TPOT against x;
     with seeds, the mean over seeds and a 95% confidence band."""
@@ -204,21 +227,14 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
             for label, lines in _series(data, frame):
                 grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
                 stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                color, marker, ls = styles[label]
+                color = styles[label][0]
                 if not len(stats) and grouped["_y"].notna().any():
                     # A policy without the plotted parameter: its value as a reference line.
                     level = float(grouped["_y"].mean())
                     ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
                     plotted.append(np.array([level]))
                     continue
-                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3,
-                        label=_legend_label(label, counts))  # fmt: skip
-                if (stats["count"] > 1).any():
-                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
-                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
-                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
-                                    color=color, alpha=0.2, lw=0)  # fmt: skip
-                plotted.append(stats["mean"].to_numpy())
+                plotted.append(_mean_line(ax, stats, styles[label], _legend_label(label, counts)))
             panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
@@ -454,8 +470,67 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     return fig
 
 
+def tier_key(data: RunSet) -> str:
+    """The swept tier capacity (the first, if several are)."""
+    swept = [k for k in data.keys if "kv_tiers" in k and ".capacity_" in k and _free(data, k)]
+    if not swept:
+        raise PlotError(
+            f"{data.root}: a tiers plot needs a sweep over a KV tier capacity "
+            "(cluster.kv_tiers.host.capacity_gb or capacity_blocks) with at least two values"
+        )
+    return swept[0]
+
+
+_TIER_PANELS = (
+    ("gpu", "GPU hit ratio, 1st admission"), ("lower", "host + disk hit ratio, 1st admission"),
+    ("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
+)  # fmt: skip
+
+
+def plot_tiers(data: RunSet) -> plt.Figure:
+    """Hit ratios by tier and TTFT against the swept tier capacity, one row per workload,
+    one line per policy (mean over seeds with a 95% band). A run without tiers (capacity 0)
+    found nothing below the GPU: its lower-tier ratio is 0."""
+    key = tier_key(data)
+    tier = "disk" if ".disk." in key else "host"
+    unit = "GB" if key.endswith("capacity_gb") else "blocks"
+    x_label = f"{tier} tier per instance ({unit})"
+    facets = data.facets(exclude=(key,))
+    fig, axes = plt.subplots(len(facets), len(_TIER_PANELS), figsize=(15, 3.0 * len(facets)), squeeze=False)
+    for (title, frame), row_axes in zip(facets, axes):
+        styles = _line_style(data, frame)
+
+        def column(name: str, frame: pd.DataFrame = frame) -> pd.Series:
+            if name not in frame:
+                return pd.Series(0.0, index=frame.index)
+            return pd.to_numeric(frame[name], errors="coerce").astype(float)
+
+        values = {
+            "gpu": column("prefix_hit_ratio_first_admission"),
+            "lower": column("prefix_hit_ratio_first_admission_host").fillna(0.0)
+            + column("prefix_hit_ratio_first_admission_disk").fillna(0.0),
+            "ttft_s_mean": column("ttft_s_mean") * 1000.0,
+            "ttft_s_p99": column("ttft_s_p99") * 1000.0,
+        }
+        for ax, (metric, name) in zip(row_axes, _TIER_PANELS):
+            plotted = []
+            for label, lines in _series(data, frame):
+                points = pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]})
+                stats = points.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
+                plotted.append(_mean_line(ax, stats, styles[label], label))
+            if metric.startswith("ttft"):
+                set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+            else:
+                ax.set_ylim(bottom=0)
+            _label_panel(ax, x_label, name, title)
+        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
+
+
 PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
     "cdf": plot_cdf, "rate": plot_rate, "param": plot_param, "error": plot_error, "hotspot": plot_hotspot,
+    "tiers": plot_tiers,
 }  # fmt: skip
 
 
@@ -467,6 +542,7 @@ def supported_kinds(data: RunSet) -> list[str]:
         "param": lambda: param_key(data),
         "error": lambda: _prediction_runs(data),
         "hotspot": lambda: _hotspot_runs(data),
+        "tiers": lambda: tier_key(data),
     }
     for kind, check in checks.items():
         try:
