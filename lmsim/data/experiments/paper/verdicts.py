@@ -380,8 +380,12 @@ FIG22_METRICS = ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "tpot_s_mean", "tpot
 
 def fig22(root: Path, n: Numbers) -> list[str]:
     frame = load(root, "fig22")
-    if frame is None:
-        return []
+    return [] if frame is None else fig22_rows(frame, n)
+
+
+def fig22_rows(frame: pd.DataFrame, n: Numbers) -> list[str]:
+    """Figure 22's section from its index (`load`'s columns): also for the same runs under
+    another engine (engine_compare.py)."""
     out = ["## Fig. 22: every policy at 0.5 (ms; seed 0, and the mean of seeds 0-2 for the repeated arms)", "",
            "| trace | policy | mean TTFT | P50 TTFT | P99 TTFT | mean TPOT | P99 TPOT | mean queue |",
            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -415,8 +419,11 @@ FIG23_METRICS = ("ttft_s_mean", "ttft_s_p99", "tpot_s_mean", "tpot_s_p99")
 
 def fig23(root: Path, n: Numbers) -> list[str]:
     frame = load(root, "fig23")
-    if frame is None:
-        return []
+    return [] if frame is None else fig23_rows(frame, n)
+
+
+def fig23_rows(frame: pd.DataFrame, n: Numbers) -> list[str]:
+    """Figure 23's section from its index, at whichever loads it holds."""
     out = ["## Fig. 23: every policy vs load (ms; seed 0; LMetric vs llm-d deployed paired over seeds 0-2)", ""]
     for trace, sub in frame.groupby("trace", sort=False):
         loads = sorted(sub[LOAD].unique())
@@ -518,9 +525,11 @@ SECTIONS = (capacities, fig11, fig12, fig15, fig19, fig21, fig22, fig23, fig26, 
 # -- before -> after ---------------------------------------------------------------------
 
 
-def compare(before: Numbers, after: Numbers) -> list[str]:
-    """Every key both rounds hold: before, after, and the relative change of numbers."""
-    out = ["## Before -> after", "", "| key | before | after | change |", "|---|---|---|---|"]
+def compare(before: Numbers, after: Numbers, labels: tuple[str, str] = ("before", "after")) -> list[str]:
+    """Every key both rounds hold: before, after, and the relative change of numbers
+    (percentages: the change in points)."""
+    out = [f"## {labels[0].capitalize()} -> {labels[1]}", "", f"| key | {labels[0]} | {labels[1]} | change |",
+           "|---|---|---|---|"]  # fmt: skip
     for key in sorted(set(before) & set(after)):
         b, a = before[key], after[key]
         if isinstance(b, (int, float)) and isinstance(a, (int, float)) and not isinstance(b, bool):
@@ -530,6 +539,21 @@ def compare(before: Numbers, after: Numbers) -> list[str]:
             out.append(f"| {key} | {fmt(float(b))} | {fmt(float(a))} | {change} |")
         else:
             out.append(f"| {key} | {b} | {a} | {'same' if a == b else 'changed'} |")
+    return out
+
+
+# Keys that carry a verdict rather than a measurement: who is best, a paired verdict, how
+# many traces or loads a claim holds at, how often a gap rises.
+VERDICT_KEYS = ("/best_", "_verdict", "/lmetric_best_", "/gap_rises_", "fig11/common_lambda", "/best_lambda")
+
+
+def changed_verdicts(before: Numbers, after: Numbers, labels: tuple[str, str] = ("before", "after")) -> list[str]:
+    """The verdict keys (VERDICT_KEYS) both rounds hold whose value differs, first in a
+    list of their own so a reader sees what flipped before the full table."""
+    keys = [k for k in sorted(set(before) & set(after)) if any(m in k for m in VERDICT_KEYS)]
+    flipped = [k for k in keys if before[k] != after[k]]
+    out = [f"## Verdicts that differ, {labels[0]} -> {labels[1]} ({len(flipped)} of {len(keys)})", ""]
+    out += [f"- {k}: {before[k]} -> {after[k]}" for k in flipped]
     return out
 
 
@@ -550,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.before is not None:
         before = json.loads(args.before.read_text())
-        lines += compare(before.get("numbers", before), numbers)
+        before = before.get("numbers", before)
+        lines += [*changed_verdicts(before, numbers), "", *compare(before, numbers)]
     print("\n".join(lines))
     if args.json is not None:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in numbers.items()}
