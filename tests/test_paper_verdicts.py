@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from test_sweep import tiny_experiment, write_experiment
 
 from lmsim.data import EXPERIMENTS_DIR
@@ -72,3 +73,27 @@ def test_main_writes_json_and_compares_with_an_earlier_round(fig22: Path, tmp_pa
     assert "fig22/elsewhere" not in out  # only keys both rounds hold
     assert v.main([str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_burst_class_is_the_prefix_class_of_the_burst_requests(tmp_path: Path) -> None:
+    """Alarms name the detector's prefix class (the name of a request's 8th block), not a
+    class id: every burst request shares its 12,000-token prefix, so the burst is exactly one
+    prefix class, and no background request falls into it."""
+    from lmsim.engine.kv_cache import engine_block_hashes
+    from lmsim.study.experiment import generated_trace
+
+    params = {"duration_s": 120, "rate": 1.0, "burst_start_min": 0.5, "burst_duration_s": 20}
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"workload": {"generator": {"name": "hotspot", "params": params}},
+              "cluster": {"num_instances": 2, "profile": "h20/qwen3-30b-a3b"},
+              "router": {"policy": "lmetric_hotspot"}}  # fmt: skip
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    classes = _verdicts()._burst_prefix_classes(run)
+    trace = generated_trace("hotspot", params, 0)
+    assert len(classes) == 1 and (trace.column("class_id") == 1).sum() > 10
+    background = {engine_block_hashes(trace.hash_ids(r).astype("int64"), trace.block_size,
+                                      int(trace.input_tokens[r]), 16)[7]
+                  for r in range(len(trace)) if trace.column("class_id")[r] != 1
+                  and trace.input_tokens[r] >= 8 * 16}  # fmt: skip
+    assert not classes & background

@@ -326,12 +326,73 @@ def fig21(root: Path, n: Numbers) -> list[str]:
         ev = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["kind"])
         alarms = ev[ev["kind"] == "hotspot_alarm"]
         n["fig21/alarms"] = len(alarms)
-        n["fig21/alarms_on_burst_class"] = int((alarms["class_id"] == 1).sum()) if len(alarms) else 0
+        burst_classes = _burst_prefix_classes(base / hot["run"].iloc[0])
+        n["fig21/alarms_on_burst_class"] = int(alarms["class_id"].isin(burst_classes).sum()) if len(alarms) else 0
+        n["fig21/alarms_outside_burst"] = int(((alarms["time_s"] < start) | (alarms["time_s"] > end)).sum())
         if len(alarms):
             n["fig21/first_alarm_min"], n["fig21/last_alarm_min"] = float(alarms["time_s"].min()) / 60, float(alarms["time_s"].max()) / 60
-        out.append(f"- detector: {len(alarms)} alarms, {n['fig21/alarms_on_burst_class']} on the burst class"
+            out.append(_detector_details(ev, alarms, burst_classes, end, n))
+        out.append(f"- detector: {len(alarms)} alarms, {n['fig21/alarms_on_burst_class']} on the burst class, "
+                   f"{n['fig21/alarms_outside_burst']} outside the burst window"
                    + (f", minutes {n['fig21/first_alarm_min']:.1f} to {n['fig21/last_alarm_min']:.1f}" if len(alarms) else ""))  # fmt: skip
     return out
+
+
+def _burst_prefix_classes(run: Path) -> set[int]:
+    """The detector's classes (`class_by: prefix`: the name of a request's block at
+    `prefix_depth_blocks`, lmsim.policies.lmetric) of the burst requests (class_id 1),
+    recomputed from the run's generated workload: alarms name prefix classes, not class ids."""
+    from lmsim.config import validate
+    from lmsim.engine.kv_cache import engine_block_hashes
+    from lmsim.study.experiment import generated_trace
+
+    config = validate(yaml.safe_load((run / "config.yaml").read_text()), where=str(run / "config.yaml"))
+    generator = config.workload.generator
+    if generator is None:
+        return set()
+    trace = generated_trace(generator.name, dict(generator.params), config.seed)
+    depth = int(config.router.params.get("prefix_depth_blocks", 8))
+    classes = set()
+    for row in np.flatnonzero(trace.column("class_id") == 1):
+        names = engine_block_hashes(trace.hash_ids(row).astype(np.int64), trace.block_size,
+                                    int(trace.input_tokens[row]), config.cluster.block_size)  # fmt: skip
+        if names:
+            classes.add(int(names[min(depth, len(names)) - 1]))
+    return classes
+
+
+def _detector_details(ev: pd.DataFrame, alarms: pd.DataFrame, burst: set[int], end: float, n: Numbers) -> str:
+    """How long each alarm lasted (to the next clear of its class), |M| at the alarms and
+    the clears, and from the last alarm to the end of the burst (`end`, s) the burst
+    class's logged windows: x/(1 - x) against |M|/|M̄| (Eq. 2 holds while the first stays
+    below the second)."""
+    clears = ev[ev["kind"] == "hotspot_clear"]
+    lasted = []
+    for _, alarm in alarms.iterrows():
+        later = clears[(clears["class_id"] == alarm["class_id"]) & (clears["time_s"] >= alarm["time_s"])]
+        if len(later):
+            lasted.append(float(later["time_s"].min() - alarm["time_s"]))
+    text = "- alarms"
+    if lasted:
+        n["fig21/alarm_lasted_s_min"], n["fig21/alarm_lasted_s_max"] = min(lasted), max(lasted)
+        text += f" cleared after {min(lasted):.2f} to {max(lasted):.2f} s"
+    n["fig21/alarm_m_min"], n["fig21/alarm_m_max"] = int(alarms["m"].min()), int(alarms["m"].max())
+    text += f"; |M| at the alarms {n['fig21/alarm_m_min']} to {n['fig21/alarm_m_max']}"
+    cleared_m = clears.loc[clears["class_id"].isin(alarms["class_id"]), "m"].dropna()
+    if len(cleared_m):
+        n["fig21/clear_m_max"] = int(cleared_m.max())
+        text += f", at the clears up to {n['fig21/clear_m_max']} of {int(alarms['num_instances'].iloc[0])}"
+    windows = ev[(ev["kind"] == "hotspot_window") & ev["class_id"].isin(burst)
+                 & (ev["time_s"] > alarms["time_s"].max()) & (ev["time_s"] <= end)]  # fmt: skip
+    windows = windows[(windows["x"] < 1) & (windows["m"] < windows["num_instances"])]
+    if len(windows):
+        share = windows["x"] / (1 - windows["x"])
+        cover = windows["m"] / (windows["num_instances"] - windows["m"])
+        n["fig21/after_x_ratio_min"], n["fig21/after_x_ratio_max"] = float(share.min()), float(share.max())
+        n["fig21/after_m_ratio_min"], n["fig21/after_m_ratio_max"] = float(cover.min()), float(cover.max())
+        text += (f"; later in the burst its windows have x/x̄ {share.min():.2f} to {share.max():.2f} "
+                 f"against |M|/|M̄| {cover.min():.2f} to {cover.max():.2f}")  # fmt: skip
+    return text
 
 
 def _arms(sub: pd.DataFrame) -> list[str]:
@@ -519,7 +580,96 @@ def canary(root: Path, n: Numbers) -> list[str]:
             f"mean TPOT {fmt(p['lmetric'])} vs {fmt(p['bailian'])} ({fpct(n['canary/tpot_pct'])}), hit {h['lmetric']:.2f} vs {h['bailian']:.2f}"]  # fmt: skip
 
 
-SECTIONS = (capacities, fig11, fig12, fig15, fig19, fig21, fig22, fig23, fig26, canary)
+SWEEPS = ("fig11", "fig12", "fig15", "fig19", "fig21", "fig22", "fig23", "fig26", "canary")
+
+
+def setup(root: Path, n: Numbers) -> list[str]:
+    """The Setup section's sizes: runs per sweep, each trace's replayed N and its span of
+    nominal arrivals N / (load x capacity) in fig22 and fig23, and how long the closed-loop
+    Coder runs, the hotspot and the canary arms really last (first arrival to last finish)."""
+    out = ["## Setup: runs, spans and run lengths", ""]
+    frames = {fig: load(root, fig) for fig in SWEEPS}
+    frames = {fig: f for fig, f in frames.items() if f is not None}
+    if not frames:
+        return []
+    for fig, frame in frames.items():
+        n[f"runs/{fig}"] = len(frame)
+    n["runs/total"] = sum(len(f) for f in frames.values())
+    n["runs/load_sweeps"] = sum(len(frames[f]) for f in ("fig23", "fig26") if f in frames)
+    out.append(f"- runs: {n['runs/total']} ({', '.join(f'{fig} {len(f)}' for fig, f in frames.items())}); "
+               f"fig23 + fig26: {n['runs/load_sweeps']}")  # fmt: skip
+    for fig in ("fig22", "fig23"):
+        frame = frames.get(fig)
+        if frame is None or "load_rate_req_s" not in frame:
+            continue
+        seed0 = frame[frame["seed"] == 0]
+        for trace, sub in seed0.groupby("trace", sort=False):
+            size = int(sub["workload.limit"].iloc[0]) if "workload.limit" in sub and pd.notna(sub["workload.limit"].iloc[0]) else int(sub["num_requests"].iloc[0])
+            n[f"setup/{fig}/{trace}/requests"] = size
+            cells = []
+            for at, rows in (sub.groupby(LOAD) if LOAD in sub else [(0.5, sub)]):
+                span = size / float(rows["load_rate_req_s"].iloc[0])
+                n[f"setup/{fig}/{trace}/load={at:g}/span_s"] = span
+                text = f"{at:g}: {fmt(span)} s"
+                if trace.startswith("coder"):
+                    lo, hi = float(rows["duration_s"].min()) / 60, float(rows["duration_s"].max()) / 60
+                    n[f"setup/{fig}/{trace}/load={at:g}/run_min_min"], n[f"setup/{fig}/{trace}/load={at:g}/run_min_max"] = lo, hi
+                    text += f" (runs last {lo:.1f} to {hi:.1f} min)"
+                cells.append(text)
+            out.append(f"- {fig} {trace_words(trace)}, N = {size:,}: span by load " + "; ".join(cells))
+    if "fig11" in frames:
+        coder = frames["fig11"][(frames["fig11"]["trace"] == "coder") & (frames["fig11"]["router.params.lambda"] >= 0.9 - 1e-9)]
+        if len(coder):
+            n["setup/fig11/coder/lambda>=0.9/run_min_min"] = float(coder["duration_s"].min()) / 60
+            n["setup/fig11/coder/lambda>=0.9/run_min_max"] = float(coder["duration_s"].max()) / 60
+            out.append(f"- fig11 Coder at λ ≥ 0.9: runs last {n['setup/fig11/coder/lambda>=0.9/run_min_min']:.1f} to "
+                       f"{n['setup/fig11/coder/lambda>=0.9/run_min_max']:.1f} min")  # fmt: skip
+    for fig in ("fig21", "canary"):
+        frame = frames.get(fig)
+        if frame is None:
+            continue
+        for _, row in frame.iterrows():
+            arrived = pd.read_parquet(frame.attrs["root"] / row["run"] / "requests.parquet", columns=["arrived_at"])["arrived_at"]
+            key = f"setup/{fig}/{row['arm']}"
+            n[f"{key}/arrivals_min"] = float(arrived.max() - arrived.min()) / 60
+            n[f"{key}/run_min"] = float(row["duration_s"]) / 60
+            n[f"{key}/requests"] = int(row["num_requests"])
+            offered = row.get("load_rate_req_s")
+            if pd.notna(offered) and fig == "canary":
+                instances = _first_config(frame.attrs["root"], frame[frame["run"] == row["run"]]).get("cluster.num_instances")
+                if instances:
+                    n[f"{key}/req_s_per_instance"] = float(offered) / int(instances)
+            out.append(f"- {fig} {row['arm']}: {n[f'{key}/requests']:,} requests arriving over {n[f'{key}/arrivals_min']:.1f} min, "
+                       f"run lasts {n[f'{key}/run_min']:.1f} min"
+                       + (f", {n[f'{key}/req_s_per_instance']:.2f} req/s per instance" if f"{key}/req_s_per_instance" in n else ""))  # fmt: skip
+    return out
+
+
+def coder(root: Path, n: Numbers) -> list[str]:
+    """'Coder at 0.5': per policy (seed 0) the mean and median queueing delay, the prefix
+    hit ratio and the mean TTFT in fig22, and in fig23 at 0.5 and 0.9 the mean queueing
+    delay, mean TTFT and preemptions."""
+    out = ["## Coder at 0.5 and 0.9 (s; seed 0)", "", "| sweep | load | policy | mean queue | P50 queue | hit | mean TTFT | preemptions |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for fig, loads in (("fig22", (None,)), ("fig23", (0.5, 0.9))):
+        frame = load(root, fig)
+        if frame is None:
+            continue
+        sub = frame[(frame["trace"] == "coder") & (frame["seed"] == 0)]
+        for at in loads:
+            rows = sub if at is None else sub[np.isclose(sub[LOAD], at)]
+            for arm in _arms(rows):
+                r = rows[rows["arm"] == arm].iloc[0]
+                key = f"coder/{fig}" + ("" if at is None else f"/load={at:g}") + f"/{arm}"
+                n[f"{key}/queue_mean_s"], n[f"{key}/queue_p50_s"] = float(r["queue_s_mean"]), float(r["queue_s_p50"])
+                n[f"{key}/hit"], n[f"{key}/ttft_mean_s"] = float(r["prefix_hit_ratio"]), float(r["ttft_s_mean"])
+                n[f"{key}/preemptions"] = int(r["num_preemptions"])
+                out.append(f"| {fig} | {0.5 if at is None else at:g} | {arm} | {r['queue_s_mean']:.2f} | {r['queue_s_p50']:.2f} | "
+                           f"{r['prefix_hit_ratio']:.2f} | {r['ttft_s_mean']:.1f} | {int(r['num_preemptions'])} |")  # fmt: skip
+    return out if len(out) > 4 else []
+
+
+SECTIONS = (capacities, setup, fig11, fig12, fig15, fig19, fig21, fig22, fig23, coder, fig26, canary)
 
 
 # -- before -> after ---------------------------------------------------------------------
