@@ -218,3 +218,23 @@ def test_monotone_in_tokens_batch_and_context(name):
     # adding decodes to a step with a prefill chunk never makes it cheaper
     t = [m.step_time([(2048, 4096)], b, b * 2048) for b in range(0, 600)]
     assert np.all(np.diff(t) >= 0)
+
+
+def test_decode_kernel_table_applies_only_to_the_head_layouts_it_was_fitted_on():
+    """H200's decode-kernel table has one plane, fitted on its 32q/4kv rows (h200.yaml:
+    kv_read_eff 0.9125, multiplier 0.6968 at batch 1 and 32k context), so a 4-KV-head kernel
+    reads KV at 0.9125 x 0.6968 = 0.6358 of HBM bandwidth there. A 32q/8kv kernel is another
+    layout (vLLM's FlashInfer runs 8 KV heads' groups of 4 on CUDA cores, 4 KV heads' groups of
+    8 on tensor cores), so it gets the fitted constant alone, 0.9125; borrowing the 4-head
+    plane priced h200's 8-head batch-1 rows 24-25% slow."""
+    from lmsim.profile.analytic import Kernels
+
+    k = Kernels.named("h200")
+    assert k.eff.kv_eff_heads == (4.0,)
+    assert float(k.kv_kernel_eff(np.array(1.0), np.array(32768.0), 4)) == pytest.approx(0.9125 * 0.6968, rel=1e-9)
+    assert float(k.kv_kernel_eff(np.array(1.0), np.array(32768.0), 8)) == pytest.approx(0.9125, rel=1e-9)
+    # H20 has planes for 4 and 8 KV heads: 6 heads lies between them and interpolates
+    h20 = Kernels.named("h20")
+    vals = np.asarray(h20.eff.kv_eff_values)
+    mid = float(h20.kv_kernel_eff(np.array(1.0), np.array(4096.0), 6))
+    assert mid == pytest.approx(h20.eff.kv_read_eff * (vals[0, 0, 0] + vals[1, 0, 0]) / 2, rel=1e-9)

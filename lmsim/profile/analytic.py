@@ -347,9 +347,13 @@ class Kernels:
             by_ctx = np.array([np.interp(lc, np.log(e.kv_eff_context), row) for row in plane])
             out.append(_interp_axis0(np.log(e.kv_eff_batch), by_ctx, lb))
         out = np.array(out)
-        if len(e.kv_eff_heads) == 1:
-            return base * out[0]
-        return base * _interp_axis0(np.asarray(e.kv_eff_heads, float), out, np.full(lb.shape, float(kv_heads)))
+        heads = np.asarray(e.kv_eff_heads, float)
+        if not heads[0] <= kv_heads <= heads[-1]:
+            # A head layout the table was not fitted on: its planes describe another kernel
+            # path (FlashInfer: CUDA cores at 32q/8kv, tensor cores at 32q/4kv), so only the
+            # fitted constants apply.
+            return base
+        return base * _interp_axis0(heads, out, np.full(lb.shape, float(kv_heads)))
 
     def engine_kv_factor(self, batch: np.ndarray, kv_heads: int) -> np.ndarray:
         """Engine KV time / kernel KV time (>= 1): 1 + half_units / (B x KV heads)."""

@@ -178,9 +178,10 @@ def fit_kv_table(gpu: str, rows: Sequence[Measurement], base: Efficiency,
     """Decode-kernel efficiency multipliers on a (KV heads x batch x per-sequence context)
     grid: one (batch x context) plane, log-bilinear between knots and held beyond them, per
     KV-head count with at least KV_TABLE_MIN_ROWS rows (fitted on those rows alone, after the
-    decode constants); between head counts the planes interpolate linearly, beyond them the
-    nearest holds. The head axis carries the layout: FlashInfer runs 32q/8kv on CUDA cores and
-    32q/4kv on tensor cores, and their efficiencies differ."""
+    decode constants); between head counts the planes interpolate linearly, and a head count
+    outside them gets no multiplier (`Kernels.kv_kernel_eff`). The head axis carries the
+    layout: FlashInfer runs 32q/8kv on CUDA cores and 32q/4kv on tensor cores, and their
+    efficiencies differ, so one layout's plane says nothing about another's."""
     checker = checker or Checker()
     n = len(KV_TABLE_BATCH) * len(KV_TABLE_CONTEXT)
     counts = sorted({r.get("kv_heads") for r in rows})
