@@ -28,13 +28,13 @@ from lmsim.profile.tables import TableCostModel, load_table_profile
 
 QWEN2, QWEN3 = "h20/qwen2-7b", "h20/qwen3-30b-a3b"
 H20 = {  # lmsim/data/hardware/gpus/h20.yaml, efficiency
-    "gemm_mfu": 0.728, "weight_stream_eff": 0.6751, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
-    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.546,
-    "layer_fixed_s": 1.535e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
+    "gemm_mfu": 0.745, "weight_stream_eff": 0.6349, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
+    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.609,
+    "layer_fixed_s": 1.543e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
 }
 # lmsim/data/hardware/engines.yaml, fitted: the host time of each engine
-ENGINE_CPU = {"vllm-v1": 0.0005739, "sglang-0.4": 0.0009241}
-SGLANG_CUDA_CORE_EFF = 0.1284
+ENGINE_CPU = {"vllm-v1": 0.000504, "sglang-0.4": 0.0008717}
+SGLANG_CUDA_CORE_EFF = 0.1282
 
 
 def test_h20_constants_are_the_ones_priced_by_hand():
@@ -52,82 +52,82 @@ def test_h20_constants_are_the_ones_priced_by_hand():
 def test_qwen2_decode_step_by_hand():
     """Qwen2-7B on H20 (vLLM v1), one decode at context 1024 (28 layers, 28 q / 4 KV heads x 128):
 
-    * fixed: 28 x (layer kernels 15.35 + attention launch 23.98 us) = 1.1012 ms;
+    * fixed: 28 x (layer kernels 15.43 + attention launch 23.98 us) = 1.1035 ms;
     * dense GEMMs, W = 28 x 233.05M = 6.5254e9 parameters, M padded to 64 rows:
-      compute 2 x 6.5254e9 x 64 / (148e12 x 0.728) = 7.752 ms, weights 2 x 6.5254e9 /
-      (4e12 x 0.6751) = 4.833 ms, smooth roofline (n = 2) hypot = 9.135 ms, plus 4 x 28 GEMM
-      launches of 3 us = 0.336 ms: 9.471 ms;
-    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6474, 0.4036) + 0.003 = 0.7659 ms, sampling
-      0.1 + 0.003 ms, host (vLLM v1) 0.5739 + 0.006 ms: 1.4488 ms;
+      compute 2 x 6.5254e9 x 64 / (148e12 x 0.745) = 7.575 ms, weights 2 x 6.5254e9 /
+      (4e12 x 0.6349) = 5.139 ms, smooth roofline (n = 2) hypot = 9.154 ms, plus 4 x 28 GEMM
+      launches of 3 us = 0.336 ms: 9.490 ms;
+    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6327, 0.4292) + 0.003 = 0.7675 ms, sampling
+      0.1 + 0.003 ms, host (vLLM v1) 0.504 + 0.006 ms: 1.3805 ms;
     * decode attention per layer: the KV read, 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8448 =
-      0.6206 us, times the engine term 1 + 3.546 / (1 x 4) = 1.8865: 1.1708 us; the compute
+      0.6206 us, times the engine term 1 + 3.609 / (1 x 4) = 1.9023: 1.1805 us; the compute
       FA3 runs with the 7-head query group padded to a 64-row tile, 4 x 4 x 64 x 128 x 1024 /
-      (148e12 x 0.9475) = 0.957 us; hypot 1.512 us, x 28 = 0.0423 ms.
+      (148e12 x 0.9475) = 0.957 us; hypot 1.520 us, x 28 = 0.0426 ms.
 
-    Total 1.1012 + 9.471 + 1.4488 + 0.0423 = 12.064 ms."""
+    Total 1.1035 + 9.490 + 1.3805 + 0.0426 = 12.016 ms."""
     m = load_table_profile(QWEN2)
     parts = m.components((), 1, 1024)
-    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.35 + 23.98) / 1e3, rel=1e-3)
-    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.752, 4.833) + 0.336, rel=2e-3)
-    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6474, 0.4036) + 0.003 + 0.103 + 0.5799, rel=2e-3)
+    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.43 + 23.98) / 1e3, rel=1e-3)
+    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.575, 5.139) + 0.336, rel=2e-3)
+    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6327, 0.4292) + 0.003 + 0.103 + 0.510, rel=2e-3)
     assert parts["decode_attention"] * 1e3 == pytest.approx(
-        28 * math.hypot(0.6206 * (1 + 3.546 / 4), 0.957) / 1e3, rel=3e-3)
-    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.064, rel=2e-3)
+        28 * math.hypot(0.6206 * (1 + 3.609 / 4), 0.957) / 1e3, rel=3e-3)
+    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.016, rel=2e-3)
 
 
 def test_decode_at_long_context_batch1_is_priced_with_the_engine_term():
     """The issue's headline: batch-1 decode at 100k context. Per layer the KV read is
-    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.8865 =
-    114.34 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
-    hypot 147.7 us, x 28 layers = 4.135 ms on top of the 12.02 ms at no context: 16.16 ms.
-    The engine reads the KV at an effective 204.8 MB x 28 / 4.135 ms = 1.39 TB/s (the bare
+    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9023 =
+    115.30 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
+    hypot 148.4 us, x 28 layers = 4.156 ms on top of the 11.97 ms at no context: 16.13 ms.
+    The engine reads the KV at an effective 204.8 MB x 28 / 4.156 ms = 1.38 TB/s (the bare
     FlashInfer kernel: 2.8-3.0 TB/s; SGLang 0.4.6 on H20: about 1.0-1.4, issue 23)."""
     m = load_table_profile(QWEN2)
     at_100k = decode_step_seconds(m, 1, 100_000) * 1e3
-    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1477, rel=0.01)
-    assert at_100k == pytest.approx(16.16, rel=0.003)
+    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1484, rel=0.01)
+    assert at_100k == pytest.approx(16.13, rel=0.003)
 
 
 def test_sglang_long_context_decode_step_and_request_by_hand():
     """Qwen3-8B on H20 as SGLang 0.4.6 runs it (FlashInfer; GQA group 4, so the CUDA-core
     decode kernel; host work overlapped). One decode at context 65,536, per layer of 36:
     the KV read 65,536 x 8 x 128 x 4 B = 268.4 MB at 4e12 x 0.8448 = 79.43 us, times the
-    engine term 1 + 3.546 / 8 = 1.443: 114.6 us; the CUDA cores compute 4 x 32 x 128 x 65,536
-    FLOPs at 0.1284 x 44 TFLOPS: 190.0 us; hypot 221.9 us, x 36 = 7.99 ms of attention.
+    engine term 1 + 3.609 / 8 = 1.451: 115.3 us; the CUDA cores compute 4 x 32 x 128 x 65,536
+    FLOPs at 0.1282 x 44 TFLOPS: 190.4 us; hypot 222.5 us, x 36 = 8.01 ms of attention.
 
     The request the Qwen3 speed benchmark ran (63,488-token prompt, 2,048 generated; 58.89 s
-    measured): 8 prefill chunks of at most 8,192 tokens, 16.77 s, then 2,047 decode steps
+    measured): 8 prefill chunks of at most 8,192 tokens, 16.59 s, then 2,047 decode steps
     whose time grows linearly with the context, so they average the step at the middle
-    context 64,512, 20.41 ms: 16.77 + 2,047 x 0.02041 = 58.56 s, 0.994 of the measurement."""
+    context 64,512, 20.46 ms: 16.59 + 2,047 x 0.02046 = 58.47 s, 0.993 of the measurement."""
     model = AnalyticModel.build("h20", "qwen3-8b", 1, "sglang-0.4")
     per_layer = float(model.kernels.decode_attention(1, 65_536, 32, 8, 128, path="cuda_core")) - 2.398e-05
-    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.546 / 8), 190.0), rel=2e-3)
-    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2219, rel=3e-3)
+    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.609 / 8), 190.4), rel=2e-3)
+    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2225, rel=3e-3)
     table = TableCostModel(tabulate(model, date="-"))
     ttft = prefill_seconds(table, 63_488)
     middle = table.step_time((), 1, 63_489 + 1_023)
-    assert ttft == pytest.approx(16.77, rel=1e-3) and middle * 1e3 == pytest.approx(20.41, rel=1e-3)
+    assert ttft == pytest.approx(16.59, rel=1e-3) and middle * 1e3 == pytest.approx(20.46, rel=1e-3)
     e2e = end_to_end_seconds(table, 63_488, 2_048)
     assert e2e == pytest.approx(ttft + 2_047 * middle, rel=1e-4)
-    assert e2e == pytest.approx(58.56, rel=1e-3)
+    assert e2e == pytest.approx(58.47, rel=1e-3)
     assert e2e / 58.89 == pytest.approx(1.0, abs=0.10)
 
 
 def test_tiny_model_pays_the_larger_of_host_and_gpu():
     """Qwen3-0.6B on H20 under SGLang's overlap scheduler: a batch-1 decode at context 1 costs
-    max(host, GPU). Host: 0.9241 + 0.006 ms = 0.930 ms. GPU: 28 x (15.35 + 23.98) us = 1.101 ms
+    max(host, GPU). Host: 0.8717 + 0.006 ms = 0.878 ms. GPU: 28 x (15.43 + 23.98) us = 1.103 ms
     of per-layer kernels; GEMMs (0.4404e9 parameters in the layers, 64-row tile) hypot(
-    0.5232, 0.3262) + 4 x 28 x 3 us = 0.953 ms; lm_head (tied 151,936 x 1,024) hypot(0.1848,
-    0.1152) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
-    About 2.38 ms of GPU time, which hides the host's 0.93 ms. Added instead (vLLM v1 semantics)
+    0.5113, 0.3468) + 4 x 28 x 3 us = 0.954 ms; lm_head (tied 151,936 x 1,024) hypot(0.1806,
+    0.1225) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
+    About 2.38 ms of GPU time, which hides the host's 0.88 ms. Added instead (vLLM v1 semantics)
     the step would be 3.3 ms; the benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
     model = AnalyticModel.build("h20", "qwen3-0.6b", 1, "sglang-0.4")
     host = float(model.host(1, 1))
-    assert host * 1e3 == pytest.approx(0.9241 + 0.006, rel=1e-3)
+    assert host * 1e3 == pytest.approx(0.8717 + 0.006, rel=1e-3)
     step = model.step_time((), 1, 1)
     gpu = step  # the GPU part wins
     assert gpu > host
-    assert step * 1e3 == pytest.approx(1.101 + math.hypot(0.5232, 0.3262) + 0.336 + math.hypot(0.1848, 0.1152)
+    assert step * 1e3 == pytest.approx(1.103 + math.hypot(0.5113, 0.3468) + 0.336 + math.hypot(0.1806, 0.1225)
                                        + 0.003 + 0.103, rel=2e-3)
     assert step * 1e3 == pytest.approx(2.42, rel=0.02)
     table = TableCostModel(tabulate(model, date="-"))
@@ -135,20 +135,20 @@ def test_tiny_model_pays_the_larger_of_host_and_gpu():
 
 
 SEC6_PREFILL = {  # ms: tokens 512, 1024, 2048, 4096, 8192 (engine only, budget 8192)
-    (QWEN2, 0): (66.4, 129.8, 258.9, 526.1, 1096.6),
-    (QWEN2, 8192): (78.7, 154.3, 307.7, 623.5, 1290.8),
-    (QWEN3, 0): (59.5, 87.9, 143.8, 277.0, 616.6),
-    (QWEN3, 8192): (83.5, 135.9, 239.5, 467.9, 997.1),
+    (QWEN2, 0): (65.0, 126.9, 253.1, 514.7, 1073.9),
+    (QWEN2, 8192): (77.2, 151.4, 302.0, 612.1, 1268.1),
+    (QWEN3, 0): (59.8, 87.8, 143.1, 275.4, 613.4),
+    (QWEN3, 8192): (83.8, 135.8, 238.9, 466.4, 993.8),
 }
 SEC6_DECODE = {  # ms: batch 1, 8, 32, 64, 128, 256
-    (QWEN2, 1024): (12.06, 12.35, 13.33, 14.64, 24.97, 46.62),
-    (QWEN2, 8192): (12.36, 14.20, 20.55, 29.01, 53.64, 103.92),
-    (QWEN3, 1024): (8.12, 17.28, 30.83, 35.71, 41.54, 70.12),
-    (QWEN3, 8192): (8.63, 20.45, 43.20, 60.34, 90.70, 168.34),
+    (QWEN2, 1024): (12.02, 12.30, 13.29, 14.60, 24.64, 45.85),
+    (QWEN2, 8192): (12.31, 14.15, 20.50, 28.97, 53.31, 103.15),
+    (QWEN3, 1024): (8.01, 17.57, 31.66, 36.66, 42.46, 70.51),
+    (QWEN3, 8192): (8.53, 20.74, 44.03, 61.30, 91.62, 168.73),
 }
 SEC6_MIXED = {  # ms: (decodes at ctx 2048, chunk tokens) -> (Qwen2-7B, Qwen3-30B-A3B)
-    (64, 0): (16.70, 39.23), (64, 512): (78.86, 68.21), (64, 2048): (271.29, 154.35),
-    (64, 8128): (1099.78, 621.34), (200, 0): (43.48, 76.25), (200, 2048): (298.99, 177.50),
+    (64, 0): (16.65, 40.18), (64, 512): (77.23, 68.51), (64, 2048): (265.40, 153.69),
+    (64, 8128): (1077.07, 618.09), (200, 0): (42.90, 76.67), (200, 2048): (292.67, 176.74),
 }
 
 
@@ -238,3 +238,24 @@ def test_decode_kernel_table_applies_only_to_the_head_layouts_it_was_fitted_on()
     vals = np.asarray(h20.eff.kv_eff_values)
     mid = float(h20.kv_kernel_eff(np.array(1.0), np.array(4096.0), 6))
     assert mid == pytest.approx(h20.eff.kv_read_eff * (vals[0, 0, 0] + vals[1, 0, 0]) / 2, rel=1e-9)
+
+
+def test_fused_moe_streams_expert_weights_at_its_own_efficiency():
+    """One token of Qwen3-30B-A3B touches k = 8 experts of 3 x 2048 x 768 = 4,718,592
+    parameters: 8 x 4,718,592 x 2 B = 75.50 MB. On A100 (2.039e12 B/s) under the hard knee,
+    with moe_stream_eff 0.5 the read takes 75.50e6 / (2.039e12 x 0.5) = 74.05 us (the compute,
+    8 experts x 16-row tiles, is about 11 us); unset, the dense GEMMs' weight_stream_eff
+    (0.8 here) applies: 46.28 us."""
+    from dataclasses import replace
+
+    from lmsim.profile.analytic import Kernels
+
+    gpu = load_gpu("a100")
+    base = replace(efficiency_for(gpu), roofline_n=None, moe_launch_s=0.0, weight_stream_eff=0.8,
+                   moe_mfu=0.36, moe_half_rows=1.0)
+    params = 3 * 2048 * 768
+    own = Kernels(gpu, replace(base, moe_stream_eff=0.5)).moe(np.array(1.0), 128, 8, params)
+    dense = Kernels(gpu, replace(base, moe_stream_eff=None)).moe(np.array(1.0), 128, 8, params)
+    assert float(own) * 1e6 == pytest.approx(8 * params * 2 / (2.039e12 * 0.5) * 1e6, rel=1e-9)
+    assert float(own) * 1e6 == pytest.approx(74.05, rel=1e-3)
+    assert float(dense) * 1e6 == pytest.approx(46.28, rel=1e-3)

@@ -10,7 +10,7 @@ groups and what they fit:
   for the smooth form, roofline_n;
 * `prefill` (kernel_prefill_attention): attn_mfu, attn_half_kv, prefill_chunk_s;
 * `decode` (kernel_decode_attention): kv_read_eff, attn_launch_per_layer_s, decode_head_s;
-* `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s.
+* `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s, moe_stream_eff.
 
 A GPU without rows for a group borrows the group's constants from its nearest relative
 (`BORROW`: H800 is H100 silicon, H200 is H100 compute), recorded in the output. Then the
@@ -58,7 +58,7 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
     "decode": [("kv_read_eff", 0.85, 0.3, 1.0), ("attn_launch_per_layer_s", 10e-6, 1e-7, 5e-5),
                ("decode_head_s", 10e-9, 1e-11, 1e-6)],
     "moe": [("moe_mfu", 0.6, 0.05, 1.0), ("moe_half_rows", 16.0, 1.0, 5000.0),
-            ("moe_launch_s", 10e-6, 1e-7, 2e-4)],
+            ("moe_launch_s", 10e-6, 1e-7, 2e-4), ("moe_stream_eff", 0.75, 0.2, 1.0)],
     "moe_fp8": [("moe_mfu_fp8", 0.6, 0.05, 1.0)],
 }
 BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
