@@ -418,10 +418,11 @@ def load_or_build(name: str, engine: str | None = None) -> TableCostModel:
         if not other_engine:
             return load_table_profile(name)
     try:
-        gpu, model, tp = split_name(name)
-    except ProfileError:
+        gpu, model, tp = split_name(name, where=f"profile {name!r} (not shipped: built as <gpu>/<model>[-tpN])")
+    except ProfileError as unbuildable:
         if not_found is not None:
-            raise not_found from None
+            # A <gpu>/<model> name says which part is unknown; a path says it does not exist.
+            raise (unbuildable if name.count("/") == 1 and not Path(name).exists() else not_found) from None
         raise ProfileError(f"--engine: {name!r} is a profile folder built for its own engine; "
                            "--engine applies to a <gpu>/<model>[-tpN] name") from None
     data, _ = build_new(model, gpu, tp, engine=engine)
