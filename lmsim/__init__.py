@@ -74,7 +74,7 @@ def load_experiment(path_or_name: str | os.PathLike[str], overrides: Overrides =
 
     path = _experiment_path(path_or_name)
     where = str(path)
-    return validate(_override(read_yaml(path), overrides, where), where=where)
+    return validate(_override(read_yaml(path), overrides, where), where=where).from_folder(path.parent)
 
 
 def run(
@@ -83,28 +83,28 @@ def run(
 ) -> Results:
     """Run one experiment and return its `Results`; with `out`, also save the run directory
     there (absent, empty, or with `overwrite` an earlier lmsim run). Relative trace paths
-    resolve against the YAML's folder, or the working directory for a config object."""
+    resolve against the working directory, then the YAML's folder (remembered by a config
+    `load_experiment` read), then the bundled data. With `workload.load`, the summary names
+    the capacity and arrival rate it resolved to, as `lmsim run` does."""
     from lmsim.config import ExperimentConfig, validate
-    from lmsim.engine.simulation import Simulation
     from lmsim.errors import ConfigError
     from lmsim.plugins import load_entry_points
-    from lmsim.study.experiment import load_workload_trace
+    from lmsim.study.experiment import load_workload_trace, simulate
     from lmsim.study.rundir import RUN_FILES, check_output_dir, save_run
 
     load_entry_points()
     if isinstance(config_or_path, ExperimentConfig):
         config = config_or_path
         if overrides:
-            config = validate(_override(config.to_dict(), overrides, config.name), where=config.name)
-        base_dir = Path.cwd()
+            where = config.name
+            config = validate(_override(config.to_dict(), overrides, where), where=where).from_folder(config.source_dir)
     else:
         config = load_experiment(config_or_path, overrides)
-        base_dir = _experiment_path(config_or_path).resolve().parent
     if config.sweep or config.zip:
         raise ConfigError(f"{config.name}: has a sweep: block; run its points with `lmsim sweep`")
     if out is not None:
         check_output_dir(Path(out), "run", overwrite=overwrite, allowed_files=RUN_FILES)
-    results = Simulation(config, load_workload_trace(config, base_dir)).run()
+    results = simulate(config, load_workload_trace(config, config.source_dir))
     if out is not None:
         save_run(results, out, figure=config.output.figures)
     return results

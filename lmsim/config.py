@@ -8,19 +8,46 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from lmsim.errors import ConfigError
-from lmsim.profile.base import LinearCostModel
+from lmsim.errors import ConfigError, LmsimError, suggest
+from lmsim.profile.inline import check_inline_profile
+
+T = TypeVar("T")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """A pool as the engine builds it: every engine field resolved."""
+
+    name: str
+    role: str  # both | prefill | decode
+    num_instances: int
+    first_instance: int  # global id of its first instance
+    engine: dict[str, Any]  # POOL_ENGINE_FIELDS -> value
+    kv_tiers: KVTiersConfig | None
+
+    @property
+    def instance_ids(self) -> range:
+        return range(self.first_instance, self.first_instance + self.num_instances)
 
 
 class GeneratorConfig(_Strict):
@@ -81,6 +108,123 @@ class WorkloadConfig(_Strict):
         return self
 
 
+POOL_ENGINE_FIELDS = (
+    "profile", "gpu_memory_utilization", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
+    "long_prefill_token_threshold", "enable_prefix_caching", "admission", "watermark_blocks_fraction",
+    "max_waiting", "max_model_len",
+)  # the cluster's engine fields a pool may set for itself (unset: the cluster's value)
+
+
+class TierConfig(_Strict):
+    """One lower KV tier of an instance (host memory or local disk). Unset bandwidths and
+    latency take the tier's defaults (`lmsim.engine.kv_tiers.TIER_DEFAULTS`: host 32e9 B/s
+    each way and no latency, Dynamo's mocker's PCIe lanes; disk 10e9 B/s and 0.1 ms, its G3)."""
+
+    capacity_blocks: int | None = Field(
+        None, ge=0, description="capacity in KV blocks (0: the tier stores nothing, as if absent)"
+    )
+    capacity_gb: float | None = Field(
+        None, ge=0, description="capacity in GB (1e9 bytes), divided by the bytes of a KV block "
+        "(block_size x the profile's kv_bytes_per_token)",
+    )
+    read_bytes_s: float | None = Field(None, gt=0, description="bandwidth towards the GPU (load), bytes/s")
+    write_bytes_s: float | None = Field(None, gt=0, description="bandwidth away from the GPU (store), bytes/s")
+    latency_s: float | None = Field(None, ge=0, description="first-byte latency of each transfer, s")
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> TierConfig:
+        if (self.capacity_blocks is None) == (self.capacity_gb is None):
+            raise ValueError("set exactly one of capacity_blocks and capacity_gb")
+        return self
+
+
+class KVTiersConfig(_Strict):
+    """Lower KV tiers per instance (issue 26): blocks leave the GPU to host memory (and disk)
+    and come back over PCIe instead of being recomputed (`lmsim.engine.kv_tiers`)."""
+
+    host: TierConfig | None = Field(None, description="host memory (CPU DRAM) tier")
+    disk: TierConfig | None = Field(None, description="local disk tier, below host memory")
+    store: Literal["write_through", "on_eviction"] = Field(
+        "write_through",
+        description="copy every computed block down as it is computed (vLLM OffloadingConnector, "
+        "LMCache, SGLang write_through, Dynamo KVBM) or only when the GPU evicts it (SGLang write_back)",
+    )
+    store_scope: Literal["all", "prompt"] = Field(
+        "all", description="blocks stored: prompt and output (vLLM) or prompt only (LMCache default, Dynamo's mocker)"
+    )
+    load: Literal["before_admission", "in_step"] = Field(
+        "before_admission",
+        description="a lower-tier hit is loaded while the request waits and other requests run "
+        "(vLLM's connectors, Dynamo's mocker), or inside the step that admits it (LMCache synchronous)",
+    )
+    sharing: Literal["fifo", "fair", "none"] = Field(
+        "fifo", description="how concurrent copies share an instance's PCIe lanes and disk"
+    )
+    kv_bytes_per_token: int | None = Field(
+        None, gt=0, description="KV bytes of one token (default: the profile's model.kv_bytes_per_token; "
+        "required with a linear profile)",
+    )
+
+    @model_validator(mode="after")
+    def _disk_below_host(self) -> KVTiersConfig:
+        if self.disk is not None and self.host is None:
+            raise ValueError("a disk tier sits below a host tier: set kv_tiers.host too")
+        return self
+
+
+class KVTransferConfig(_Strict):
+    """How a prefill instance's KV reaches a decode instance (issue 25)."""
+
+    bandwidth_bytes_s: float = Field(
+        50e9, gt=0,
+        description="per-GPU NIC bandwidth, bytes/s (50e9: one 400 Gb/s RDMA NIC per GPU at line "
+        "rate; Mooncake measured about 24e9 per NIC; NVLink inside a node about 450e9)",
+    )
+    latency_s: float = Field(0.0, ge=0, description="first-byte latency of each transfer, s")
+    sharing: Literal["fair", "fifo", "none"] = Field(
+        "fair", description="concurrent transfers share NICs max-min fairly, queue, or ignore each other (Dynamo's mocker)"
+    )
+    tokens: Literal["destination_missing", "full_prompt"] = Field(
+        "destination_missing",
+        description="transfer only the prompt blocks the decode instance does not cache (vLLM "
+        "NixlConnector) or the whole prompt (Dynamo's mocker default)",
+    )
+    decode_choice: Literal["at_arrival", "after_prefill"] = Field(
+        "at_arrival",
+        description="the decode instance is chosen with the prefill instance when the request "
+        "arrives (Dynamo, llm-d) or when its prefill completes",
+    )
+
+
+class PoolConfig(_Strict):
+    """A named group of identical instances with one role (issue 25)."""
+
+    name: str = Field(min_length=1)
+    role: Literal["both", "prefill", "decode"] = Field(
+        "both", description="prefill and decode on the same instance, or one side of a disaggregated pair"
+    )
+    num_instances: int = Field(gt=0, le=1024)
+    profile: str | dict[str, Any] | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    num_gpu_blocks: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    long_prefill_token_threshold: int | None = Field(None, ge=0)
+    enable_prefix_caching: bool | None = None
+    admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] | None = None
+    watermark_blocks_fraction: float | None = Field(None, ge=0, lt=1)
+    max_waiting: int | None = Field(None, gt=0)
+    max_model_len: int | None = Field(None, gt=1)
+    kv_tiers: KVTiersConfig | None = Field(None, description="this pool's lower tiers (default: the cluster's)")
+
+    @field_validator("profile")
+    @classmethod
+    def _inline_profile(cls, spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(spec, dict):
+            check_inline_profile(spec)
+        return spec
+
+
 class ClusterConfig(_Strict):
     num_instances: int = Field(16, gt=0, le=1024, description="instances (one GPU each)")
     profile: str | dict[str, Any] = Field(
@@ -93,6 +237,13 @@ class ClusterConfig(_Strict):
     max_num_seqs: int = Field(1024, gt=0)
     long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap")
     enable_prefix_caching: bool = True
+    cache_generated_blocks: bool = Field(
+        True,
+        description="full blocks holding generated tokens become prefix-cache entries, as in "
+        "vLLM (a follow-up turn hits its predecessor's answer); false: only prompt blocks are "
+        "cached, for side-by-side checks with simulators that share no generated block "
+        "(Dynamo's mocker)",
+    )
     admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] = Field(
         "first_chunk",
         description="when a waiting request may start: its first chunk fits (vLLM v1 to "
@@ -119,8 +270,83 @@ class ClusterConfig(_Strict):
         # file and field instead of surfacing as a Python TypeError (or, for a negative
         # cost, as a step that ends before it starts) once the run has begun.
         if isinstance(spec, dict):
-            _check_linear_profile(spec)
+            check_inline_profile(spec)
         return spec
+
+    pools: list[PoolConfig] | None = Field(
+        None, min_length=1,
+        description="named pools of instances (roles, profiles, engine settings); absent: one pool "
+        "of num_instances instances with the fields above",
+    )
+    kv_transfer: KVTransferConfig | None = Field(
+        None, description="prefill-to-decode KV transfer of disaggregated pools (absent: the defaults "
+        "of KVTransferConfig); None keeps a single-pool config's serialized form as it was",
+    )
+    kv_tiers: KVTiersConfig | None = Field(None, description="host memory / disk KV tiers of every instance")
+
+    @model_validator(mode="after")
+    def _pool_shape(self) -> ClusterConfig:
+        if self.pools is None:
+            return self
+        if "num_instances" in self.model_fields_set:
+            raise ValueError("num_instances: set it per pool when cluster.pools is given")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"pools: two pools are named {dup!r}")
+        roles = {p.role for p in self.pools}
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError("pools: a prefill pool needs a decode pool to hand its requests to")
+        if "decode" in roles and "prefill" not in roles:
+            raise ValueError("pools: a decode pool needs a prefill pool to receive requests from")
+        if sum(p.num_instances for p in self.pools) > 1024:
+            raise ValueError("pools: at most 1024 instances in all")
+        return self
+
+    @model_validator(mode="after")
+    def _transfer_needs_pools(self) -> ClusterConfig:
+        if self.kv_transfer is not None and not self.is_disaggregated:
+            raise ValueError("kv_transfer: only a cluster with prefill and decode pools transfers KV")
+        return self
+
+    @property
+    def transfer(self) -> KVTransferConfig:
+        return self.kv_transfer if self.kv_transfer is not None else KVTransferConfig()
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.pools is not None and any(p.role != "both" for p in self.pools)
+
+    def pool_specs(self) -> list[PoolSpec]:
+        """Every pool with each engine field resolved (the pool's own value, else the
+        cluster's), in order; the instances of pool k follow those of pools 0..k-1."""
+        if self.pools is None:
+            return [PoolSpec("default", "both", self.num_instances, 0,
+                             {f: getattr(self, f) for f in POOL_ENGINE_FIELDS}, self.kv_tiers)]
+        out, first = [], 0
+        for pool in self.pools:
+            fields = {
+                f: getattr(self, f) if getattr(pool, f) is None else getattr(pool, f) for f in POOL_ENGINE_FIELDS
+            }
+            tiers = pool.kv_tiers if pool.kv_tiers is not None else self.kv_tiers
+            out.append(PoolSpec(pool.name, pool.role, pool.num_instances, first, fields, tiers))
+            first += pool.num_instances
+        return out
+
+    def describe(self) -> str:
+        """One line: `16 instances` or `pools prefill 4 x h20/qwen3-30b-a3b (prefill), ...`."""
+        if self.pools is None:
+            return f"{self.num_instances} instances"
+        parts = []
+        for pool in self.pool_specs():
+            profile = pool.engine["profile"]
+            name = profile if isinstance(profile, str) else profile.get("kind", "linear")
+            parts.append(f"{pool.name} {pool.num_instances} x {name} ({pool.role})")
+        return "pools " + ", ".join(parts)
+
+    @property
+    def total_instances(self) -> int:
+        return self.num_instances if self.pools is None else sum(p.num_instances for p in self.pools)
 
 
 class RouterConfig(_Strict):
@@ -188,36 +414,40 @@ class ExperimentConfig(_Strict):
         None, description="repeat every sweep point once per seed (sets `seed`)"
     )
 
+    # The folder of the YAML this config was read from, where its relative paths (a trace)
+    # are looked up. Private: not a field, so never serialized, dumped into config.yaml or
+    # digested, and not compared (two reads of the same content are equal).
+    _source_dir: Path | None = PrivateAttr(None)
+
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        out = self.model_dump(mode="json")
+        # Sections a single-pool cluster does not use are left out while unset, so its
+        # resolved config (config.yaml, rerun and resume checks) reads as it always did.
+        for key in _CLUSTER_SECTIONS_OMITTED_WHEN_UNSET:
+            if out["cluster"].get(key) is None:
+                out["cluster"].pop(key, None)
+        return out
+
+    @property
+    def source_dir(self) -> Path | None:
+        """The (absolute) folder of the YAML this config was read from; None when it was
+        built in code. `model_copy` keeps it."""
+        return self._source_dir
+
+    def from_folder(self, folder: str | Path | None) -> ExperimentConfig:
+        """This config, remembering `folder` as where its YAML was (see source_dir)."""
+        self._source_dir = Path(folder).resolve() if folder is not None else None
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExperimentConfig):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # params are dicts: never hashable
 
 
-_LINEAR_FIELDS = tuple(
-    f.name for f in dataclasses.fields(LinearCostModel) if f.name != "name"
-)
-
-
-def _check_linear_profile(spec: dict[str, Any]) -> None:
-    kind = spec.get("kind", "linear")
-    if kind != "linear":
-        raise ValueError(f"unknown profile kind {kind!r} (known: linear)")
-    for key in spec:
-        if key != "kind" and key not in _LINEAR_FIELDS:
-            raise ValueError(
-                f"unknown field {key!r} for a linear profile (fields: {', '.join(_LINEAR_FIELDS)})"
-            )
-    if "step_base_s" not in spec:
-        raise ValueError("a linear profile needs step_base_s")
-    for key in _LINEAR_FIELDS:
-        if key not in spec:
-            continue
-        value = spec[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{key} must be a finite number (got {value!r})")
-        # Steps must take positive time, or simulated time could stand still.
-        if value < 0 or (key == "step_base_s" and value == 0):
-            bound = "> 0" if key == "step_base_s" else ">= 0"
-            raise ValueError(f"{key} must be {bound} (got {value!r})")
+_CLUSTER_SECTIONS_OMITTED_WHEN_UNSET = ("pools", "kv_transfer", "kv_tiers")
 
 
 def _parse_value(text: str) -> Any:
@@ -228,28 +458,88 @@ def _parse_value(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], *, where: str) -> dict[str, Any]:
-    """Apply `dotted.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    """Apply `dotted.key=value` overrides (values parsed as YAML) to a raw config dict; a
+    malformed one is reported as its `--set` argument."""
     out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"{where}: --set {item!r}: expected dotted.key=value")
+            raise ConfigError(f"--set {item}: expected dotted.key=value")
         key, text = item.split("=", 1)
-        set_dotted(out, key.strip(), _parse_value(text), where=where)
+        set_dotted(out, key.strip(), _parse_value(text), where="", label=f"--set {item}")
     return out
 
 
-def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str) -> None:
+def blame_overrides(build: Callable[[list[str]], T], overrides: list[str], *, where: str) -> T:
+    """`build(overrides)`, with an error that the `--set` arguments caused named after the
+    first of them that makes `build` fail ("--set cluster.num_gpu=8: unknown key"), not
+    after the YAML file (`where`), which is named only for its own errors."""
+    try:
+        return build(overrides)
+    except LmsimError as exc:
+        if not overrides:
+            raise
+        error = exc
+    for n in range(len(overrides)):
+        try:
+            build(overrides[:n])
+        except LmsimError as exc:
+            if n == 0:  # the file alone fails: the file's error, as without overrides
+                raise error from None
+            raise type(exc)(_naming_set(str(exc), where, overrides[n - 1])) from None
+    raise type(error)(_naming_set(str(error), where, overrides[-1])) from None
+
+
+def _naming_set(message: str, where: str, item: str) -> str:
+    if message.startswith("--set "):
+        return message
+    key = item.split("=", 1)[0].strip()
+    rest = message.removeprefix(f"{where}: ").removeprefix(f"{key}: ")
+    return f"--set {item}: {rest}"
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any, *, where: str, label: str | None = None) -> None:
+    """Set `a.b.c` in nested mappings (made as needed); a number after a list names one of
+    its entries (`cluster.pools.0.num_instances`). Errors name `label` (a --set argument),
+    else `where: key`."""
     parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
+    node: Any = raw
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"{label or f'{where}: {key}'}: {'.'.join(parts[:depth])} has no entry {part!r} ({len(node)} entries)"
+                )
+            if last:
+                node[int(part)] = value
+                return
+            node = node[int(part)]
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"{label or f'{where}: {key}'}: {'.'.join(parts[: depth + 1])} is not a mapping")
+            continue
+        if last:
+            node[part] = value
+            return
         child = node.get(part)
         if child is None:
             child = {}
             node[part] = child
-        if not isinstance(child, dict):
-            raise ConfigError(f"{where}: {key}: {part} is not a mapping")
+        if not isinstance(child, dict | list):
+            raise ConfigError(f"{label or f'{where}: {key}'}: {part} is not a mapping")
         node = child
-    node[parts[-1]] = value
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The schema's keys at a dotted location (`("cluster",)` -> ClusterConfig's fields)."""
+    model: Any = ExperimentConfig
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        annotation = field.annotation if field is not None else None
+        model = next((a for a in (annotation, *typing.get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)  # fmt: skip
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
 def _format_validation_error(exc: ValidationError, where: str) -> str:
@@ -258,7 +548,7 @@ def _format_validation_error(exc: ValidationError, where: str) -> str:
     msg = err["msg"]
     kind = err["type"]
     if kind == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + suggest(str(err["loc"][-1]), _fields_at(err["loc"][:-1]), label="keys")
     elif kind == "value_error":
         # our own validators: the message is already written for the user
         msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
@@ -287,7 +577,15 @@ def validate(raw: Any, *, where: str) -> ExperimentConfig:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: experiment file not found")
+        if path.suffix in (".yaml", ".yml"):
+            raise ConfigError(f"{path}: experiment file not found")
+        from lmsim.data import bundled_experiment_names
+
+        # A bare name was meant as a bundled experiment: say which there are.
+        raise ConfigError(
+            f"{path}: experiment file not found, nor a bundled experiment "
+            f"({', '.join(bundled_experiment_names())}; `lmsim list experiments` describes them)"
+        )
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not an experiment file")
     try:
@@ -311,16 +609,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_experiment(
-    path: str | Path, overrides: list[str] | None = None
+    path: str | Path, overrides: list[str] | None = None,
+    check: Callable[[ExperimentConfig, str], None] | None = None,
 ) -> tuple[ExperimentConfig, dict[str, Any]]:
-    """Read, override and validate an experiment. Relative file paths in the YAML are
-    resolved against the YAML's folder, then the working directory. Returns the config and
-    the raw (overridden) dict."""
+    """Read, override and validate an experiment (and `check(config, where)` it: the
+    command line's checks of policy, view and profile). An error the `--set` overrides
+    caused names the `--set` argument, others the file. Relative file paths in the YAML
+    are resolved against the working directory, then the YAML's folder. Returns the config
+    and the raw (overridden) dict."""
     where = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
-    _prefer_overridden_source(raw, overrides or [])
-    config = validate(raw, where=where)
-    return config, raw
+    file_raw = read_yaml(path)
+
+    def build(items: list[str]) -> tuple[ExperimentConfig, dict[str, Any]]:
+        raw = apply_overrides(file_raw, items, where=where)
+        _prefer_overridden_source(raw, items)
+        config = validate(raw, where=where).from_folder(Path(path).parent)
+        if check is not None:
+            check(config, where)
+        return config, raw
+
+    return blame_overrides(build, list(overrides or []), where=where)
 
 
 def _prefer_overridden_source(raw: dict[str, Any], overrides: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,6 +89,37 @@ def is_signed_figure(path: Path) -> bool:
         tail = fh.read()
     needle = SIGNATURE.encode()
     return needle in head or needle in tail
+
+
+def is_signed_report(path: Path) -> bool:
+    """An HTML page `lmsim report` wrote (`SIGNATURE` in its head)."""
+    with open(path, "rb") as fh:
+        return SIGNATURE.encode() in fh.read(4096)
+
+
+FIGURE_FORMATS = ("png", "svg", "pdf")
+# Left in a folder `lmsim plot` created or wrote figures into, so a later `plot` knows the
+# folder's same-named files are its own.
+FIGURE_DIR_MARKER = ".lmsim-figures"
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+(\.\w+)?")
+
+
+def is_signed_output(path: Path) -> bool:
+    """A figure or report lmsim signed, or a temporary `atomic_path` left when its process
+    died mid-write (`.NAME.tmp-PID.EXT`). Such a file is lmsim's wherever it lies."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    if _TEMPORARY.fullmatch(path.name):
+        return True
+    suffix = path.suffix.lstrip(".").lower()
+    try:
+        if suffix in FIGURE_FORMATS:
+            return is_signed_figure(path)
+        if suffix == "html":
+            return is_signed_report(path)
+    except OSError:
+        return False
+    return False
 
 
 def figure_metadata(fmt: str) -> dict[str, str]:

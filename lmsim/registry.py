@@ -7,13 +7,12 @@ get one line naming the plug-in, the parameter and what is allowed.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import keyword
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from lmsim.errors import ConfigError
+from lmsim.errors import ConfigError, suggest
 
 T = TypeVar("T")
 
@@ -44,11 +43,7 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         prefix = f"{where}: " if where else ""
-        close = difflib.get_close_matches(name, self._entries, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"{prefix}unknown {self.kind} {name!r}{hint} (known: {', '.join(self.names())})"
-        )
+        raise ConfigError(f"{prefix}unknown {self.kind} {name!r}{suggest(name, self.names())}")
 
     def parameters(self, name: str) -> dict[str, inspect.Parameter]:
         """The keyword-only constructor parameters of a plug-in (its YAML `params`), by YAML
@@ -68,12 +63,9 @@ class Registry(Generic[T]):
         prefix = f"{where}: " if where else ""
         for key in params:
             if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                listed = ", ".join(sorted(allowed)) or "none"
                 raise ConfigError(
-                    f"{prefix}{self.kind} {name!r} has no parameter {key!r}{hint} "
-                    f"(parameters: {listed})"
+                    f"{prefix}{self.kind} {name!r} has no parameter {key!r}"
+                    f"{suggest(key, sorted(allowed), label='parameters')}"
                 )
         kwargs = {allowed[key].name: value for key, value in params.items()}
         try:

@@ -59,6 +59,8 @@ def make_config(**sections: Any) -> ExperimentConfig:
             raw[key] = {**raw[key], **value}
         else:
             raw[key] = value
+    if "pools" in raw["cluster"]:  # pools give their own instance counts
+        raw["cluster"].pop("num_instances", None)
     return validate(raw, where="test")
 
 
@@ -69,3 +71,19 @@ def simulate(trace: Trace, **sections: Any) -> Results:
 @pytest.fixture
 def linear_profile() -> dict[str, Any]:
     return dict(LINEAR)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fresh_capacity_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The suite sees what a fresh machine sees: an empty user capacity cache (searches the
+    tests make are cached for the session only), so a capacity is `shipped` or searched, never
+    found in a developer's own ~/.cache. Subprocesses inherit it."""
+    import os
+
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved

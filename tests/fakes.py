@@ -18,6 +18,8 @@ from lmsim.policies import POLICIES, Policy
 from lmsim.profile import LinearCostModel, load_cost_model
 
 BLOCK = 16
+# The step cost FakeContext and FakeInstance price with unless a test says otherwise.
+DEFAULT_COST = LinearCostModel(step_base_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3)
 
 
 def hashes(tag: Any, n: int, start: int = 0) -> list[int]:
@@ -69,6 +71,11 @@ class FakeInstance:
     blocks: set[int] = field(default_factory=set)
     queue: list[tuple[int, int]] = field(default_factory=list)
     in_flight: tuple[float, list[int]] = (0.0, [])  # (seconds left, tokens per queue entry)
+    pool: str = "default"
+    role: str = "both"
+    cost_model: Any = DEFAULT_COST
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
 
     @property
     def batch_size(self) -> int:
@@ -130,9 +137,8 @@ class FakeContext:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.rng = np.random.default_rng(seed)
-        self.cost_model = cost_model or LinearCostModel(
-            step_base_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3
-        )
+        self.cost_model = cost_model or DEFAULT_COST
+        self.cost_models = [self.cost_model] * num_instances
         self.t = 0.0
         self.timers: list[list[Any]] = []  # [next due, period, callback]
         self.kv_subscribers: list[Any] = []

@@ -58,3 +58,17 @@ def test_capacity_policy_is_replayed_and_keys_the_cache():
         cluster={"num_instances": 2, "num_gpu_blocks": 4000}, simulation={"check": False},
         capacity={"policy": "vllm"}), SEARCH)
     assert cache_key(trace, base, SEARCH) != cache_key(trace, other, SEARCH)
+
+
+def test_generated_block_caching_keys_the_cache_only_when_off():
+    from lmsim.study.capacity import cache_key, key_payload, trace_identity
+
+    trace = trace_identity(poisson_trace(n=64))
+    on = config(2)
+    off = make_config(cluster={"num_instances": 2, "num_gpu_blocks": 4000, "cache_generated_blocks": False},
+                      simulation={"check": False})
+    # The default (on) is left out of the key, as before the field existed, so shipped
+    # capacities are still found; off is a different cluster.
+    assert "cache_generated_blocks" not in key_payload(trace, on, SEARCH)["cluster"]
+    assert key_payload(trace, off, SEARCH)["cluster"]["cache_generated_blocks"] is False
+    assert cache_key(trace, on, SEARCH) != cache_key(trace, off, SEARCH)

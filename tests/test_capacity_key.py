@@ -88,14 +88,23 @@ def test_a_trace_file_is_keyed_by_its_content(tmp_path: Path) -> None:
 
 @pytest.fixture
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(capacity, "CACHE_PATH", tmp_path / "cache.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(capacity, "BUNDLED_PATH", tmp_path / "bundled.json")
-    # _read_cache's default argument was bound at import: route it to the new path
-    read = capacity._read_cache
-    monkeypatch.setattr(capacity, "_read_cache", lambda path=None: read(path or capacity.CACHE_PATH))
-    write = capacity._write_cache
-    monkeypatch.setattr(capacity, "_write_cache", lambda k, v, path=None: write(k, v, path or capacity.CACHE_PATH))
     return tmp_path
+
+
+def test_the_cache_honours_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: the capacity cache ignored XDG_CACHE_HOME. An absolute one is used (a
+    relative one is ignored, as the XDG base directory specification says)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert capacity.cache_path() == tmp_path / "xdg/lmsim/capacity.json"
+    capacity._write_cache("k", {"rate": 1.5})
+    assert json.loads((tmp_path / "xdg/lmsim/capacity.json").read_text()) == {"k": {"rate": 1.5}}
+    assert capacity.lookup_capacity("k").rate == 1.5
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert capacity.cache_path() == Path.home() / ".cache/lmsim/capacity.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert capacity.cache_path() == Path.home() / ".cache/lmsim/capacity.json"
 
 
 def test_validate_never_searches_and_run_announces_the_search(

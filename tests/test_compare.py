@@ -15,8 +15,9 @@ from lmsim.study.execute import run_sweep
 from lmsim.viz.axes import set_scale
 from lmsim.viz.compare import compare, compare_table
 from lmsim.viz.figures import alarming_class, plot_cdf, plot_rate, t95
-from lmsim.viz.runs import RunSet, differing_keys, flatten, model_words
+from lmsim.viz.runs import RunSet, differing_keys, flatten
 from lmsim.viz.style import POLICY_STYLES, policy_style, register_style
+from lmsim.viz.titles import model_words
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +155,19 @@ def test_alarming_class_is_the_one_that_alarmed_most() -> None:
     })  # fmt: skip
     assert alarming_class(events) == 7
     assert alarming_class(events[events["kind"] == "hotspot_window"]) is None
+
+
+def test_baseline_accepts_the_row_label_compare_prints(two_runs: tuple[Path, Path], capsys) -> None:
+    """Issue 24: `--baseline policy=vllm`, the label compare printed for that row, was
+    rejected ("not one of the compared runs")."""
+    a, b = two_runs
+    assert main(["compare", str(a), str(b), "--baseline", "policy=vllm"]) == 0
+    printed = capsys.readouterr().out
+    assert "TTFT mean ms ÷ base" in printed
+    by_dir = compare([a, b], baseline=str(a))[0]
+    assert compare([a, b], baseline="policy=vllm")[0] == by_dir
+    assert main(["compare", str(a), str(b), "--baseline", "policy=nosuch"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lmsim: error: --baseline policy=nosuch: not one of the compared runs "
+        "(give its directory or its row label: policy=vllm, policy=lmetric)"
+    )

@@ -197,9 +197,35 @@ def test_continuation_rows_follow_links_then_sessions_then_extension():
     assert continuation_rows(trace).tolist() == [2, -1, -1, -1, -1]
 
 
+def test_a_guessed_continuation_must_extend_more_than_a_shared_prefix():
+    import numpy as np
+
+    from lmsim.workload.trace import find_continuations
+
+    # 16-token blocks, no sessions. Rows 1 and 2 are two conversations behind one system
+    # prompt (id 1); rows 3 and 4 are their next turns, row 6 names row 5 as its parent.
+    # Row 0 sends only the system prompt: its first extension is row 1, but the rows going
+    # on past block 1 go on with 2 (rows 1, 3) and 4 (rows 2, 4), so the guess is
+    # refused. Row 1's last full block (3) is extended only by row 3, row 2's (5) only by
+    # row 4: two guesses kept. Rows 3, 4 and 6 have no extension; row 5 is linked.
+    ids = [[1], [1, 2, 3], [1, 4, 5], [1, 2, 3, 6], [1, 4, 5, 7], [8, 9], [8, 9, 10]]
+    trace = make_trace(
+        list(range(7)), [16 * len(x) for x in ids], [5] * 7, ids, parent_id=[-1] * 6 + [5]
+    )
+    found = find_continuations(trace)
+    assert found.rows.tolist() == [-1, 3, 4, -1, -1, 6, -1]
+    assert (found.linked, found.inferred, found.refused) == (1, 2, 1)
+    # In sessions, only the row's own session is asked: row 0 alone with row 1 is
+    # continued by it (the other conversation's extension is in another session).
+    trace.session_id = np.array([0, 0, 1, 0, 1, 2, 2])
+    found = find_continuations(trace)
+    assert found.rows.tolist() == [1, 3, 4, -1, -1, 6, -1]
+    assert (found.linked, found.inferred, found.refused) == (1, 3, 0)
+
+
 def test_generators_name_output_blocks_only_through_real_continuations():
     from lmsim.workload.generators import generate
-    from lmsim.workload.trace import continuation_rows
+    from lmsim.workload.trace import continuation_rows, find_continuations
 
     chat = generate("chatbot", {"num_requests": 400}, seed=1)
     cont = continuation_rows(chat)
@@ -210,8 +236,10 @@ def test_generators_name_output_blocks_only_through_real_continuations():
     assert (cont >= 0).sum() == len(child_of)
     agent = generate("agent", {"num_requests": 400}, seed=1)
     assert (continuation_rows(agent) < 0).all()
-    # without its sessions, short-suffix agent requests would look continued by the next
-    # request of the same template
+    # Without its sessions, a short-suffix agent request would look continued by the next
+    # request of the same template; those rows' template blocks are extended in several
+    # ways, so the guess is refused as ambiguous (27 such rows here).
     agent.session_id = None
-    assert (continuation_rows(agent) >= 0).any()
+    found = find_continuations(agent)
+    assert (found.rows < 0).all() and found.refused == 27
     assert len(child_of) > 10

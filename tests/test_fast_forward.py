@@ -18,7 +18,7 @@ import pytest
 from conftest import make_config, make_trace, simulate
 from lmsim.engine.instance import Instance
 from lmsim.engine.simulation import Simulation
-from lmsim.policies import POLICIES
+from lmsim.policies.disagg import colocated_policy_names
 from lmsim.study.rundir import requests_table
 from lmsim.workload.generators import generate
 from lmsim.workload.scaling import scale_to_rate
@@ -63,7 +63,7 @@ def trace_for(name: str):
 
 
 @pytest.mark.parametrize("generator", sorted(GENERATORS))
-@pytest.mark.parametrize("policy", POLICIES.names())
+@pytest.mark.parametrize("policy", colocated_policy_names())
 def test_fast_forward_gives_identical_requests(generator: str, policy: str):
     trace = trace_for(generator)
     on = _requests_bytes(trace, policy, True)

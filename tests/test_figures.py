@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_sweep import run_cli, tiny_experiment, write_experiment
 
@@ -111,3 +112,76 @@ def test_as_text_treats_missing_values_alike() -> None:
     column = pd.Series([np.nan, 0.5, None, np.int64(2), np.float64(1.0), True], dtype=object)
     assert as_text(column).tolist() == ["null", "0.5", "null", "2", "1.0", "true"]
     assert as_text(pd.Series([np.nan, 0.15])).nunique() == 2
+
+
+def test_a_runs_own_cdf_names_policy_and_load_in_the_policys_colour(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24: a run's cdf.png named neither policy nor load and was always blue.
+    traces/chatbot under lmetric at load 0.5: the title gives the arrival rate it resolved to."""
+    import json
+
+    from matplotlib.colors import to_hex
+
+    import lmsim.viz.run_cdf as run_cdf
+    from lmsim.cli import main
+    from lmsim.viz.style import policy_style
+
+    drawn = []
+    monkeypatch.setattr(run_cdf, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "traces/chatbot", "--set", "workload.limit=40", "--set", "router.policy=lmetric"]) == 0
+    (fig,) = drawn
+    rate = json.loads((tmp_path / "runs/traces/chatbot/summary.json").read_text())["load_rate_req_s"]
+    assert fig._suptitle.get_text() == f"trace-chatbot: lmetric, load 50% of capacity ({rate:.3g} req/s)"
+    for ax in fig.axes:
+        (line,) = ax.get_lines()
+        assert to_hex(line.get_color()) == policy_style("lmetric").color
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lmetric"]
+
+
+def test_trace_plot_arrival_rate_does_not_drop_at_the_last_partial_minute(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24: 150 requests at 1 per second (t = 0..149 s) are 60 per minute throughout;
+    the panel showed the last, 29-second bin's 30 requests as 30 per minute. Its count is
+    now divided by its own length: 30 / 29 s = 62.1 per minute."""
+    import numpy as np
+
+    import lmsim.cli.trace as trace_cli
+    from conftest import make_trace
+    from lmsim.cli import main
+
+    edges, rate = trace_cli.arrivals_per_minute(np.arange(150.0))
+    assert edges.tolist() == [0.0, 60.0, 120.0, 149.0]
+    assert rate.tolist() == pytest.approx([60.0, 60.0, 30 * 60 / 29])
+    make_trace(list(np.arange(150.0)), [100] * 150, [10] * 150).save(tmp_path / "t.parquet")
+    drawn = []
+    monkeypatch.setattr(trace_cli, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    assert main(["trace", "plot", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "t.png")]) == 0
+    (step,) = drawn[0].axes[0].patches
+    values, drawn_edges, _ = step.get_data()
+    assert values.tolist() == pytest.approx(rate.tolist()) and drawn_edges.tolist() == pytest.approx(edges / 60)
+
+
+def test_latency_axes_switch_to_seconds_and_share_a_scale_type_per_column(tiny_sweep: Path) -> None:
+    """Issue 24: millisecond axes ran to "140k ms" and "2000k ms"; TPOT axes were linear in
+    one row and log in the next. From 5,000 ms an axis is in seconds (ticks 140, not 140k);
+    a column is log in every row when any of its rows spans 1.5 decades; legends at 9 pt."""
+    import matplotlib.pyplot as plt
+
+    from lmsim.viz.axes import latency_axis
+    from lmsim.viz.figures import _latency_axes, plot_cdf
+
+    fig, (a, b, c, d) = plt.subplots(1, 4)
+    assert latency_axis(a, "x", [900.0, 140_000.0]) == "s"
+    assert a.xaxis.get_major_formatter()(140_000.0, 0) == "140"
+    assert latency_axis(b, "x", [20.0, 4_000.0]) == "ms"
+    assert b.xaxis.get_major_formatter()(4_000.0, 0) == "4000"
+    _latency_axes([(c, 1, "TPOT", np.array([10.0, 12.0])), (d, 1, "TPOT", np.array([1.0, 500.0]))], "x")
+    assert c.get_xscale() == d.get_xscale() == "log" and c.get_xlabel() == "TPOT (ms)"
+    plt.close(fig)
+
+    fig = plot_cdf(SweepData(tiny_sweep))
+    rows = np.array(fig.axes).reshape(-1, 2)
+    assert len(rows) > 1
+    for column in rows.T:
+        assert len({ax.get_xscale() for ax in column}) == 1
+    assert all(t.get_fontsize() == 9 for ax in rows[:, -1] for t in ax.get_legend().get_texts())
+    plt.close(fig)

@@ -20,6 +20,7 @@ from lmsim.cli import main
 from lmsim.config import SimulationConfig
 from lmsim.engine.invariants import check_end
 from lmsim.engine.metrics import FINISHED
+from lmsim.engine.request import RequestState
 from lmsim.engine.scheduler import InstanceScheduler
 from lmsim.engine.simulation import Simulation
 from lmsim.errors import InvariantError
@@ -278,6 +279,68 @@ def test_the_idle_prefill_floor_counts_chunks_and_cached_tokens():
     assert idle_prefill_time(sim, 52, 48) == pytest.approx(0.062)
     sim = build(HASHED, cluster={"profile": {**LINEAR, "per_context_token_s": 1e-5}, "max_num_batched_tokens": 64})
     assert idle_prefill_time(sim, 100, 0) == pytest.approx(0.120 + 1e-5 * (64 + 100))
+
+
+# -- disaggregated serving: the two legs of a request ------------------------------------------
+
+# 1 prefill + 1 decode instance (tests/test_disagg.py): 160 tokens prefill in 170 ms, 160 MB
+# move at 1 GB/s after 2 ms (162 ms), the last token takes 11 ms: first token at 0.343 s.
+PD_PROFILE = {**LINEAR, "kv_bytes_per_token": 1e6}
+PD_TRACE = make_trace([0.0], [160], [3], [list(range(1, 11))])
+
+
+def build_pd(trace=PD_TRACE) -> Simulation:
+    cluster = {"profile": PD_PROFILE, "pools": [
+        {"name": "p", "role": "prefill", "num_instances": 1}, {"name": "d", "role": "decode", "num_instances": 1}],
+        "kv_transfer": {"bandwidth_bytes_s": 1e9, "latency_s": 0.002}}
+    return build(trace, cluster=cluster, router={"policy": "pd"})
+
+
+def test_a_transfer_faster_than_the_link_breaks_the_disaggregated_ttft_floor():
+    # The NICs secretly move 10 GB/s: 16 + 2 ms instead of 162; the floor is prefill 170 +
+    # transfer 162 + last token 11 ms = 0.343 s.
+    sim = build_pd()
+    for channel in [*sim.disagg.egress.values(), *sim.disagg.ingress.values()]:
+        channel.bandwidth_bytes_s = 1e10
+    fails_with(sim, "instance 1, step 0, t=0.199000s: request 0 TTFT 0.199000s below its idle prefill time 0.343000s")
+
+
+def test_a_prefill_instance_that_frees_kv_before_it_is_read_is_reported(monkeypatch):
+    sim = build_pd()
+    after_commit(monkeypatch, sim.instances[0].scheduler, lambda s, o: s.release_held(o.finished[0]))
+    fails_with(sim, "instance 0, step 0, t=0.170000s: request 0 is past its prefill but instance 0 does not hold its KV")
+
+
+def test_a_request_on_its_decode_instance_while_still_prefilling_is_reported_twice(monkeypatch):
+    # Two requests: B's 320-token prefill (0.170-0.510 s after A's, two steps under a
+    # 160-token budget) is still running when A's first token ends a step on the decode
+    # instance; B queued there too is a request on two instances.
+    trace = make_trace([0.0, 0.0], [160, 320], [3, 3], [list(range(1, 11)), list(range(21, 41))])
+    sim = build_pd(trace)
+    sim.instances[0].scheduler.max_num_batched_tokens = 160
+
+    def corrupt(s, _o):
+        client = sim.disagg.handoffs[1].client
+        client.state = RequestState.WAITING
+        s.waiting.append(client)
+
+    after_commit(monkeypatch, sim.instances[1].scheduler, corrupt)
+    fails_with(sim, "instance 1, step 0, t=0.343000s: request 1 listed twice (instances 0 and 1)")
+
+
+def test_a_load_on_a_decode_instance_outside_any_transfer_is_reported(monkeypatch):
+    # B (100 tokens, arrives at 0.2 s) ends its prefill at 0.310 s while A's KV is still
+    # moving to the decode instance (0.170-0.332 s); A's handoff is then marked as waiting.
+    from lmsim.engine.disagg import AWAITING
+
+    trace = make_trace([0.0, 0.2], [160, 100], [3, 3], [list(range(1, 11)), list(range(21, 27))])
+    sim = build_pd(trace)
+
+    def corrupt(s, _o):
+        sim.disagg.handoffs[0].state = AWAITING
+
+    after_commit(monkeypatch, sim.instances[0].scheduler, corrupt, at_call=2)
+    fails_with(sim, "instance 0, step 1, t=0.310000s: instance 1 loads request 0's KV outside a transfer")
 
 
 # -- end of run -----------------------------------------------------------------------------

@@ -192,3 +192,77 @@ def test_output_dir_in_the_yaml_may_not_be_the_working_directory(tmp_path, monke
         "lmsim: error: .: is the working directory or one of its parents; name a new output directory"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_rerun_after_plot_and_report_replaces_the_run_with_what_lmsim_drew_from_it(tmp_path, monkeypatch, capsys):
+    """Issue 24, the newcomer's loop: run -> plot -> report -> the same run again, with and
+    without --overwrite. The figures and the report were drawn by lmsim from the run, so
+    they are lmsim's to replace along with it; a file of the user's still stops the run."""
+    monkeypatch.chdir(tmp_path)
+    run = ["run", "traces/chatbot", "--set", "workload.limit=30"]
+    out = tmp_path / "runs/traces/chatbot"
+    assert main(run) == 0
+    assert main(["plot", "runs/traces/chatbot"]) == 0
+    assert main(["report", "runs/traces/chatbot"]) == 0
+    assert (out / "figures/cdf.png").exists() and (out / "report.html").exists()
+    capsys.readouterr()
+    assert main(run) == 0, capsys.readouterr().err
+    assert "run directory: runs/traces/chatbot " in capsys.readouterr().out
+    assert not (tmp_path / "runs/traces/chatbot-2").exists()
+    # what was drawn from the replaced results goes with them
+    assert not (out / "figures").exists() and not (out / "report.html").exists()
+    assert main(["plot", "runs/traces/chatbot"]) == 0
+    assert main(["report", "runs/traces/chatbot"]) == 0
+    assert main([*run, "--overwrite"]) == 0, capsys.readouterr().err
+    assert main(["plot", "runs/traces/chatbot", "--out", "runs/traces/chatbot/more"]) == 0
+    assert main(["report", "runs/traces/chatbot", "--out", "runs/traces/chatbot/page.html"]) == 0
+    assert main(["compare", "runs/traces/chatbot", "--out", "runs/traces/chatbot/cmp"]) == 0
+    assert main([*run, "--out", "runs/traces/chatbot", "--overwrite"]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["cdf.png", "config.yaml", "instances.parquet", "lmsim.json", "requests.parquet",
+         "router_events.parquet", "summary.json"]
+    )  # fmt: skip
+
+    # a file of the user's among lmsim's figures, or beside them, is never touched
+    assert main(["plot", "runs/traces/chatbot"]) == 0
+    (out / "figures/mine.png").write_bytes(b"\x89PNG\r\n\x1a\nmy own drawing")
+    capsys.readouterr()
+    assert main([*run, "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lmsim: error: runs/traces/chatbot: holds files lmsim did not write (figures/mine.png); "
+        "remove them or choose another --out"
+    )
+    assert (out / "figures/mine.png").read_bytes() == b"\x89PNG\r\n\x1a\nmy own drawing"
+    (out / "figures/mine.png").unlink()
+    (out / "notes.txt").write_text("mine")
+    assert main([*run, "--overwrite"]) == 2
+    assert "holds files lmsim did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").rename(out / ".notes")  # hidden is no less the user's
+    assert main([*run, "--overwrite"]) == 2
+    assert "holds files lmsim did not write (.notes)" in capsys.readouterr().err
+    assert (out / ".notes").read_text() == "mine"
+    assert (out / "figures/cdf.png").exists()
+
+
+def test_sweep_resume_and_overwrite_after_plot_and_report(tmp_path, capsys):
+    """The loop on a sweep: sweep -> plot (the sweep's and one run's) -> report -> the same
+    sweep (resumed, nothing rerun) -> the sweep with a changed config and --overwrite (its
+    runs replaced, the figures drawn inside a run going with it)."""
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
+    out = tmp_path / "s"
+    sweep = ["sweep", str(exp), "--out", str(out), "--no-progress"]
+    assert main(sweep) == 0
+    assert main(["plot", str(out)]) == 0
+    assert main(["plot", str(out / "workload.rate=2.0")]) == 0
+    assert main(["report", str(out)]) == 0
+    capsys.readouterr()
+    assert main(sweep) == 0
+    assert "2 already complete, 0 to run" in capsys.readouterr().out
+    assert main([*sweep, "--set", "seed=1"]) == 2
+    assert "2 finished runs were made from another configuration" in capsys.readouterr().err
+    assert main([*sweep, "--set", "seed=1", "--overwrite"]) == 0
+    assert "0 already complete, 2 to run" in capsys.readouterr().out
+    assert not (out / "workload.rate=2.0/figures").exists()
+    assert (out / "figures/cdf.png").exists() and (out / "report.html").exists()
+    assert main(["report", str(out)]) == 0

@@ -574,6 +574,7 @@ def test_preble_move_cost_adds_decode_of_live_requests():
     node = p._match_insert(hashes(("p", 0), 8))[1][0]
     t = ctx.cost_model.step_time([(128, 0)], 0, 0)
     # one live request: 45 output tokens x 0.15 s initial TPOT on top of the prefill share
-    assert p.node_cost(node, 0) == pytest.approx(node.contrib + 45 * 0.15)
-    assert node.contrib == pytest.approx(t)
-    assert make_policy("preble", FakeContext(), rebalance_decode=False).node_cost(node, 0) == node.contrib
+    assert p.node_cost(node, 0) == pytest.approx(p.share(node, 0) + 45 * 0.15)
+    assert p.share(node, 0) == pytest.approx(t)
+    flat = make_policy("preble", FakeContext(), rebalance_decode=False)
+    assert flat.node_cost(node, 0) == p.share(node, 0)

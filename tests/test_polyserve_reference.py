@@ -22,23 +22,22 @@ from lmsim.workload.scaling import scale_to_rate
 
 
 def reference_choose(self, request, cluster):
-    ctx = self.ctx
     cls = self.request_class(request)
     cached = cluster.cached_prefix_tokens(request)
     inst = cluster.instances
     isl = request.input_tokens
-    cm = self.cost_model
     ttft_slo, tpot_slo = self.slo[cls]
 
     def ttft(i):
+        v = inst[i]
         return estimate_ttft(
-            inst[i], isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens, ctx.max_num_seqs
+            v, isl - cached[i], cached[i], v.cost_model, v.max_num_batched_tokens, v.max_num_seqs
         )
 
     def feasible(i):
         v = inst[i]
         b = v.batch_size + 1
-        return cm.step_time((), b, v.total_tokens + isl + b) <= tpot_slo and ttft(i) <= ttft_slo
+        return v.cost_model.step_time((), b, v.total_tokens + isl + b) <= tpot_slo and ttft(i) <= ttft_slo
 
     tighter = sorted(
         (c for c in range(len(self.slo)) if self.slo[c][1] < tpot_slo), key=lambda c: -self.slo[c][1]

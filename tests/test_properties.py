@@ -37,9 +37,9 @@ from hypothesis import strategies as st
 
 from conftest import LINEAR, make_config, make_trace
 from lmsim.engine.simulation import Simulation
-from lmsim.policies import POLICIES
+from lmsim.policies.disagg import colocated_policy_names
 
-POLICY_NAMES = POLICIES.names()
+POLICY_NAMES = colocated_policy_names()
 BS = 16  # engine and trace block size
 TINY_TABLES = str(Path(__file__).resolve().parent / "fixtures" / "profiles" / "tiny")
 # Step pricing: the hand-checkable linear profile, the same with a per-context-token cost
@@ -117,6 +117,9 @@ class Scenario:
     max_waiting: int | None = None  # None: every request must finish
     drain_limit_s: float = HANG_GUARD_S  # shorter: the run is cut while requests remain
     view: dict = field(default_factory=dict)  # router.view
+    # a disaggregated cluster instead: {"prefill": n, "decode": m, "params": {...},
+    # "transfer": {...}} (num_instances unused)
+    disagg: dict | None = None
 
     @property
     def must_finish_all(self) -> bool:
@@ -153,6 +156,19 @@ class Scenario:
         )
 
     def config(self, fast_forward: bool):
+        cluster = {}
+        params = {}
+        if self.disagg is not None:
+            profile = PROFILES[self.profile]
+            if isinstance(profile, dict):
+                profile = {**profile, "kv_bytes_per_token": 1e6}
+            cluster = {
+                "profile": profile,
+                "pools": [{"name": "p", "role": "prefill", "num_instances": self.disagg["prefill"]},
+                          {"name": "d", "role": "decode", "num_instances": self.disagg["decode"]}],
+                "kv_transfer": self.disagg["transfer"],
+            }
+            params = self.disagg["params"]
         return make_config(
             seed=self.seed,
             cluster={
@@ -166,8 +182,9 @@ class Scenario:
                 "max_waiting": self.max_waiting,
                 "admission": self.admission,
                 "watermark_blocks_fraction": self.watermark_blocks_fraction,
+                **cluster,
             },
-            router={"policy": self.policy, "view": self.view},
+            router={"policy": self.policy, "view": self.view, "params": params},
             simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
         )
 
@@ -302,6 +319,44 @@ def test_random_scenarios_finish_with_invariants_and_fast_forward_agrees(policy,
 @given(sc=scenarios())
 def test_random_scenarios_long(sc):
     check_scenario(sc)
+
+
+DISAGG_POLICIES = [
+    ("pd", {}),
+    ("pd", {"prefill_policy": "lmetric", "decode_policy": "llmd"}),
+    ("pd", {"prefill_policy": "dynamo", "decode_policy": "round_robin"}),
+    ("dynamo_disagg", {"conditional_disagg": True}),
+    ("llmd_pd", {}),
+]
+
+
+@st.composite
+def disaggregated(draw, policy: str, params: dict) -> Scenario:
+    """A scenario on 1-2 prefill and 1-2 decode instances: link speed and latency, sharing,
+    what moves and when the decode instance is chosen all drawn (1 MB of KV per token)."""
+    sc = draw(scenarios(policy=policy))
+    choice = "at_arrival" if policy == "llmd_pd" or params.get("conditional_disagg") else draw(
+        st.sampled_from(["at_arrival", "after_prefill"]))
+    sc.disagg = {
+        "prefill": draw(st.integers(1, 2)),
+        "decode": draw(st.integers(1, 2)),
+        "params": params,
+        "transfer": {
+            "bandwidth_bytes_s": draw(st.sampled_from([1e9, 1e10, 1e11])),
+            "latency_s": draw(st.sampled_from([0.0, 0.0, 0.003])),
+            "sharing": draw(st.sampled_from(["fair", "fifo", "none"])),
+            "tokens": draw(st.sampled_from(["destination_missing", "full_prompt"])),
+            "decode_choice": choice,
+        },
+    }
+    return sc
+
+
+@pytest.mark.parametrize(("policy", "params"), DISAGG_POLICIES, ids=lambda v: str(v))
+@QUICK
+@given(data=st.data())
+def test_random_disaggregated_scenarios_finish_with_invariants_and_fast_forward_agrees(policy, params, data):
+    check_scenario(data.draw(disaggregated(policy, params)))
 
 
 @QUICK

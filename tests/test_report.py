@@ -61,3 +61,33 @@ def test_report_embeds_figures_plot_drew_after_the_results_bytes_equal(tiny_swee
     os.utime(sweep / "sweep.parquet", ns=(later, later))  # results newer than the figures
     assert page("stale.html") == reference
     assert drawn == [kinds, redrawn, kinds]
+
+
+def test_report_of_a_runs_folder_finds_runs_and_sweeps_below_and_skips_an_empty_sweep(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Issue 24: `lmsim report runs` did not see runs one level down (runs/quickstart) and
+    one sweep without complete runs aborted the whole report. Runs and sweeps anywhere
+    below are sections (a sweep's own runs are not sections of their own); an empty sweep
+    is named on the page and on stderr, and the others are reported."""
+    from test_sweep import tiny_experiment, write_experiment
+
+    monkeypatch.chdir(tmp_path)
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
+    assert main(["run", "quickstart", "--no-figure", "--set", "workload.limit=20"]) == 0
+    assert main(["run", "traces/chatbot", "--no-figure", "--set", "workload.limit=20"]) == 0
+    assert main(["sweep", str(exp), "--out", "runs/s", "--no-progress"]) == 0
+    # every point fails (the generator checks duration_s when it generates): an empty index
+    failing = write_experiment(tmp_path / "failing.yaml", tiny_experiment(
+        sweep={"workload.generator.params.duration_s": [-1]}))  # fmt: skip
+    assert main(["sweep", str(failing), "--out", "runs/empty", "--no-progress"]) == 1
+    capsys.readouterr()
+    assert main(["report", "runs"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "runs/report.html"
+    assert err.strip() == "lmsim report: runs/empty: skipped, the sweep has no complete runs"
+    page = (tmp_path / "runs/report.html").read_text()
+    sections = [line for line in page.split("<h2 id=") if line.startswith('"')]
+    assert [s.split('"')[1] for s in sections] == ["empty", "quickstart", "s", "traces/chatbot"]
+    assert "skipped: the sweep has no complete runs" in page
+    assert page.count("configuration shared by every run") == 3

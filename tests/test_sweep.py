@@ -213,11 +213,81 @@ def test_requests_are_byte_identical_across_sweeps(tmp_path: Path) -> None:
     ).read_bytes()
 
 
-def test_changed_config_reruns_stale_runs(tmp_path: Path) -> None:
+def _stamps(out: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
+
+
+def test_a_changed_base_config_goes_to_a_new_folder_or_needs_overwrite(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24: a sweep whose base config changed replaced its finished runs, saying only
+    "(2 complete runs have a changed config and rerun)". Now, as `run` does, the default
+    folder moves on to `-2`; a named --out refuses, naming the difference; --overwrite
+    replaces them."""
+    monkeypatch.chdir(tmp_path)
     exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
-    run_sweep(exp, out=tmp_path / "s", progress=False)
-    again = run_sweep(exp, ["seed=1"], out=tmp_path / "s", progress=False)
+    first = run_sweep(exp, progress=False)
+    assert first.out == tmp_path / "runs/tiny" and len(first.executed) == 2
+    stamps = _stamps(tmp_path / "runs/tiny")
+
+    moved = run_sweep(exp, ["seed=1"], progress=False)
+    assert moved.out == tmp_path / "runs/tiny-2" and len(moved.executed) == 2
+    assert _stamps(tmp_path / "runs/tiny") == stamps
+    assert run_sweep(exp, ["seed=1"], progress=False).out == tmp_path / "runs/tiny-2"  # resumed there
+    assert run_sweep(exp, progress=False).out == tmp_path / "runs/tiny"
+
+    with pytest.raises(SweepError) as info:
+        run_sweep(exp, ["seed=2"], out="runs/tiny", progress=False)
+    assert str(info.value) == (
+        "runs/tiny: 2 finished runs were made from another configuration (workload.rate=2.0: "
+        "seed 0 -> 2); pass --overwrite to replace them, or choose another --out"
+    )
+    assert _stamps(tmp_path / "runs/tiny") == stamps
+
+    again = run_sweep(exp, ["seed=2"], out="runs/tiny", overwrite=True, progress=False)
     assert sorted(again.stale) == sorted(again.executed) == ["workload.rate=2.0", "workload.rate=4.0"]
+    assert len(read_index(tmp_path / "runs/tiny")) == 2
+
+
+def test_points_of_an_earlier_extension_stay_in_the_index(tmp_path: Path) -> None:
+    """Points an earlier, longer sweep ran (same base config) stay complete in the folder;
+    they stay in sweep.parquet and sweep.yaml too instead of silently dropping out."""
+    exp = tmp_path / "exp.yaml"
+    out = tmp_path / "s"
+    write_experiment(exp, tiny_experiment(sweep={"workload.rate": [2.0, 4.0, 8.0]}))
+    run_sweep(exp, out=out, progress=False)
+    write_experiment(exp, tiny_experiment(sweep={"workload.rate": [2.0, 4.0]}))
+    shorter = run_sweep(exp, out=out, progress=False)
+    assert shorter.executed == [] and len(shorter.skipped) == 2 and shorter.earlier == ["workload.rate=8.0"]
+    index = read_index(out)
+    assert list(index["run"]) == ["workload.rate=2.0", "workload.rate=4.0", "workload.rate=8.0"]
+    assert list(index["workload.rate"]) == [2.0, 4.0, 8.0]
+    spec = yaml.safe_load((out / "sweep.yaml").read_text())
+    assert [p["name"] for p in spec["points"]] == ["workload.rate=2.0", "workload.rate=4.0", "workload.rate=8.0"]
+
+    # an axis that no longer exists: the kept point's value comes from its own config
+    write_experiment(exp, tiny_experiment(sweep={"router.policy": ["vllm"]}, workload={
+        **tiny_experiment()["workload"], "rate": 4.0}))  # fmt: skip
+    run_sweep(exp, out=out, progress=False)
+    index = read_index(out).set_index("run")
+    assert index.loc["workload.rate=2.0", "router.policy"] == "vllm"
+    assert index.loc["router.policy=vllm", "workload.rate"] == 4.0
+
+    # with --overwrite, runs the new configuration does not give are removed, and said so
+    write_experiment(exp, tiny_experiment(sweep={"workload.rate": [2.0]}))
+    replaced = run_sweep(exp, ["seed=3"], out=out, overwrite=True, progress=False)
+    assert replaced.stale == ["workload.rate=2.0"]
+    assert sorted(replaced.removed) == ["router.policy=vllm", "workload.rate=4.0", "workload.rate=8.0"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["workload.rate=2.0"]
+    assert list(read_index(out)["run"]) == ["workload.rate=2.0"]
+
+
+def test_overwrite_never_replaces_a_run_holding_the_users_files(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0]}))
+    run_sweep(exp, out=tmp_path / "s", progress=False)
+    notes = tmp_path / "s/workload.rate=2.0/notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(LmsimError, match=r"workload.rate=2.0: holds files lmsim did not write \(notes.txt\)"):
+        run_sweep(exp, ["seed=1"], out=tmp_path / "s", overwrite=True, progress=False)
+    assert notes.read_text() == "mine"
 
 
 def test_failing_run_is_reported_and_others_finish(tmp_path: Path) -> None:
@@ -314,3 +384,32 @@ def test_a_seed_repeat_is_scaled_by_the_reference_seeds_capacity() -> None:
     raw["seed"] = 0
     assert np.array_equal(ref.arrival_s, capacity_trace(validate(raw, where="x")).arrival_s)
     assert not np.array_equal(own.arrival_s, ref.arrival_s)
+
+
+def test_validate_checks_every_sweep_point(tmp_path: Path, capsys) -> None:
+    """Issue 24: `lmsim validate` passed a sweep whose points were invalid (a bailian
+    parameter swept on vllm); now each point is checked as `run` would check it."""
+    from lmsim.cli import main
+
+    good = write_experiment(tmp_path / "good.yaml", tiny_experiment(**copy.deepcopy(FOUR_RUNS)))
+    assert main(["validate", str(good)]) == 0
+    assert capsys.readouterr().out.startswith(f"{good}: ok (4 sweep points, ")
+    bad = write_experiment(tmp_path / "bad.yaml", tiny_experiment(sweep={
+        "router.policy": ["bailian", "vllm"], "router.params.lambda": [0.5, 0.5]}, zip=[["router.policy", "router.params.lambda"]]))  # fmt: skip
+    assert main(["validate", str(bad)]) == 2
+    assert "[router.policy=vllm,router.params.lambda=0.5]: router.params: policy 'vllm' has no parameter 'lambda'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_one_run_is_one_run_in_every_message(tmp_path: Path, capsys) -> None:
+    """Issue 24: "1 runs"."""
+    from lmsim.cli import main
+
+    exp = write_experiment(tmp_path / "exp.yaml", tiny_experiment(sweep={"workload.rate": [2.0]}))
+    assert main(["sweep", str(exp), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert main(["report", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "sweep tiny: 1 run, 0 already complete" in out and "sweep: 1/1 run complete" in out
+    assert "1 run;" in (tmp_path / "s/report.html").read_text()
+    assert "1 runs" not in out

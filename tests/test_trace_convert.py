@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from lmsim.cli import build_parser, cite_only_shipped_documents, document_exists, main
+from lmsim.cli import build_parser, main
+from lmsim.cli.listing import cite_only_shipped_documents, document_exists
 from lmsim.workload import convert
 from lmsim.workload.convert import convert_trace
 from lmsim.workload.formats import load_trace

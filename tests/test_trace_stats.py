@@ -63,6 +63,28 @@ def test_non_prefix_hit_differs_from_prefix_hit():
     assert np.isnan(s["rate_per_min_mean"])
 
 
+def test_stats_count_linked_guessed_and_refused_continuations(tmp_path, capsys):
+    # test_engine_fidelity's shared-prefix trace: row 5 -> 6 by parent_id; rows 1 -> 3 and
+    # 2 -> 4 guessed by extension; row 0 (the system prompt alone, extended by both
+    # conversations) refused.
+    ids = [[1], [1, 2, 3], [1, 4, 5], [1, 2, 3, 6], [1, 4, 5, 7], [8, 9], [8, 9, 10]]
+    offsets = np.concatenate(([0], np.cumsum([len(x) for x in ids])))
+    trace = Trace(
+        np.arange(7.0), np.array([16 * len(x) for x in ids]), np.full(7, 5), offsets,
+        np.concatenate([np.array(x) for x in ids]), 16, parent_id=np.array([-1] * 6 + [5]),
+    )
+    s = trace_stats(trace)
+    assert (s["continuations_linked"], s["continuations_inferred"], s["continuations_refused"]) == (1, 2, 1)
+    path = tmp_path / "shared.parquet"
+    trace.save(path)
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    assert cmd_stats(parser.parse_args(["trace", "stats", str(path)])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split() == ["guessed", "by", "prefix", "extension", "2"] for line in lines)
+    assert any(line.split() == ["refused", "as", "ambiguous", "1"] for line in lines)
+
+
 def test_stats_command_json(tmp_path, capsys):
     path = tmp_path / "five.parquet"
     five().save(path)
@@ -92,6 +114,9 @@ def test_kimi_shared_slice_matches_traces_md():
         "reuse_gap_p80_s": 300, "reuse_gap_p90_s": 468, "reuse_gap_p99_s": 963,
         "reuse_within_10s_share": 0.119, "reuse_within_600s_share": 0.954,
         "top10pct_block_reuse_share": 0.757, "prefix_d1_distinct": 1, "prefix_d1_top1_share": 1.0,
+        # no links or sessions: every continuation is a guess; 872 of the 2,971 candidates
+        # ended their full blocks in the system prompt every row shares (trace.py)
+        "continuations_linked": 0, "continuations_inferred": 2094, "continuations_refused": 877,
     }  # fmt: skip
     for key, want in expected.items():
         got = s[key]

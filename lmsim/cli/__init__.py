@@ -7,17 +7,15 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
-import inspect
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from lmsim._version import __version__
-from lmsim.cli.options import PLUGIN_HELP, add_overwrite_option, add_plugin_option
-from lmsim.errors import ConfigError, InvariantError, LmsimError
+from lmsim.cli.options import COMMANDS, PLUGIN_HELP, add_overwrite_option, add_plugin_option
+from lmsim.errors import ConfigError, InvariantError, LmsimError, suggest
 
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,9 +41,6 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     add_plugin_option(v)
     v.set_defaults(func=cmd_validate)
 
-    pol = subparsers.add_parser("policies", help="list routing policies and their parameters")
-    pol.set_defaults(func=cmd_policies)
-
 
 @contextlib.contextmanager
 def _about(where: str) -> Iterator[None]:
@@ -65,35 +60,46 @@ def _stderr(line: str) -> None:
 
 
 def _load_config(args: argparse.Namespace):
+    """The experiment with its `--set` overrides, checked as far as it can be without its
+    workload (`_check_config`; a sweep's points are checked one by one instead), so an
+    error names the file or, when an override caused it, the `--set` argument."""
     from lmsim.config import load_experiment
 
-    config, _raw = load_experiment(args.experiment, args.overrides)
+    def check(config, where: str) -> None:
+        if not (config.sweep or config.zip or config.seeds):
+            _check_config(config, where)
+
+    config, _raw = load_experiment(args.experiment, args.overrides, check)
     if getattr(args, "check", False):
         config = config.model_copy(update={"simulation": config.simulation.model_copy(update={"check": True})})
     return config
 
 
-def _prepare(args: argparse.Namespace, config=None, *, capacity: str = "search"):
-    """Load and check everything a run needs, so bad input fails here with the experiment
-    file named, before any simulated time passes (shared by `run` and `validate`; only
-    `run` may search for a capacity, announcing it and each probe on stderr)."""
+def _check_config(config, where: str) -> None:
+    """Policy and its parameters, router view, profile and KV pool, workload source."""
     from lmsim.policies import POLICIES
-    from lmsim.profile import load_cost_model
+    from lmsim.policies.disagg import check_policy_shape
+
+    POLICIES.get(config.router.policy, where=f"{where}: router.policy")
+    check_policy_shape(config.router.policy, config.cluster.is_disaggregated, where=f"{where}: router.policy")
+    policy = POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
+    if config.cluster.is_disaggregated:
+        policy.check_decode_choice(config.cluster.transfer.decode_choice, where=f"{where}: router.policy")
+    _check_router_view(config, where)
+    _check_kv_pools(config, where)
+    _check_workload_source(config, where)
+
+
+def _prepare(args: argparse.Namespace, config, *, capacity: str = "search", where: str | None = None):
+    """Load the workload of a checked config (`_load_config`, `_check_config`), so bad
+    input fails here with the experiment file named, before any simulated time passes
+    (shared by `run` and `validate`; only `run` may search for a capacity, announcing it
+    and each probe on stderr)."""
     from lmsim.study.experiment import load_workload_trace
 
-    where = str(args.experiment)
-    if config is None:
-        config = _load_config(args)
-    POLICIES.get(config.router.policy, where=f"{where}: router.policy")
-    POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
-    _check_router_view(config, where)
-    cost_model = load_cost_model(config.cluster.profile)
-    _check_kv_pool(config, cost_model, where)
-    _check_workload_source(config, where)
+    where = where or str(args.experiment)
     with _about(where):
-        trace = load_workload_trace(
-            config, Path(args.experiment).resolve().parent, capacity=capacity, log=_stderr
-        )
+        trace = load_workload_trace(config, config.source_dir, capacity=capacity, log=_stderr)
     return config, trace
 
 
@@ -101,6 +107,8 @@ def _check_router_view(config, where: str) -> None:
     view = dict(config.router.view)
     if not view:
         return
+    import inspect
+
     from lmsim.engine.views import ViewAdapter
 
     allowed = [
@@ -109,27 +117,37 @@ def _check_router_view(config, where: str) -> None:
     ]
     for key in view:
         if key not in allowed:
-            raise ConfigError(f"{where}: router.view.{key}: unknown key (keys: {', '.join(allowed)})")
+            raise ConfigError(f"{where}: router.view.{key}: unknown key{suggest(key, allowed, label='keys')}")
     try:
         ViewAdapter(**view)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: router.view: {exc}") from None
 
 
-def _check_kv_pool(config, cost_model, where: str) -> None:
+def _check_kv_pools(config, where: str) -> None:
+    """Every pool's profile loads and leaves room for a KV cache (a field is named as the
+    user wrote it: flat for a single-pool cluster, per pool otherwise)."""
+    from lmsim.engine.disagg import check_disaggregated_pools
+    from lmsim.profile import load_cost_model
+
     cfg = config.cluster
-    if cfg.num_gpu_blocks is not None:
-        return
-    blocks = cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
-    if blocks is None:
-        raise ConfigError(
-            f"{where}: cluster.num_gpu_blocks: required with a profile that has no memory facts"
-        )
-    if blocks <= 0:
-        raise ConfigError(
-            f"{where}: cluster.gpu_memory_utilization: {cfg.gpu_memory_utilization} leaves no "
-            f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
-        )
+    models = {}
+    for pool in cfg.pool_specs():
+        engine = pool.engine
+        prefix = "cluster." if cfg.pools is None else f"cluster.pools.{pool.name}."
+        cost_model = models[pool.name] = load_cost_model(engine["profile"])
+        if engine["num_gpu_blocks"] is not None:
+            continue
+        blocks = cost_model.num_kv_blocks(cfg.block_size, engine["gpu_memory_utilization"])
+        if blocks is None:
+            raise ConfigError(f"{where}: {prefix}num_gpu_blocks: required with a profile that has no memory facts")
+        if blocks <= 0:
+            raise ConfigError(
+                f"{where}: {prefix}gpu_memory_utilization: {engine['gpu_memory_utilization']} leaves no "
+                f"memory for the KV cache of profile {cost_model.name!r} (weights and overhead need more)"
+            )
+    if cfg.is_disaggregated:
+        check_disaggregated_pools(cfg.pool_specs(), models, where)
 
 
 def _check_workload_source(config, where: str) -> None:
@@ -149,18 +167,46 @@ def _check_workload_source(config, where: str) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from lmsim.study.experiment import describe_load, load_resolution
 
-    config, trace = _prepare(args, capacity="lookup")
+    config = _load_config(args)
+    if config.sweep or config.zip or config.seeds:
+        return _validate_sweep(args, config)
+    config, trace = _prepare(args, config, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
-          f"{config.cluster.num_instances} instances)")
+          f"{config.cluster.describe()})")
     load = describe_load(load_resolution(config, trace))
     if load:
         print(load)
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from lmsim.engine.simulation import Simulation
+def _validate_sweep(args: argparse.Namespace, config) -> int:
+    """Every point of a sweep checked as `lmsim run` would check it (a policy parameter
+    only one of the swept policies has, a generator parameter, a view, the KV pool, the
+    workload with its capacity), each error naming the point."""
+    from lmsim.config import validate
+    from lmsim.study.expand import load_sweep
     from lmsim.study.experiment import describe_load, load_resolution
+
+    _raw, points = load_sweep(args.experiment, args.overrides)
+    requests, loads = set(), []
+    for point in points:
+        at = f"{args.experiment} [{point.name}]"
+        point_config = validate(point.raw, where=at).from_folder(config.source_dir)
+        _check_config(point_config, at)
+        point_config, trace = _prepare(args, point_config, capacity="lookup", where=at)
+        requests.add(len(trace))
+        load = describe_load(load_resolution(point_config, trace))
+        if load and load not in loads:
+            loads.append(load)
+    counts = "-".join(str(n) for n in sorted({min(requests), max(requests)}))
+    print(f"{args.experiment}: ok ({len(points)} sweep points, {counts} requests each)")
+    for load in loads:
+        print(load)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lmsim.study.experiment import describe_load, load_resolution, simulate
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
@@ -175,11 +221,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     load = load_resolution(config, trace)
     from lmsim.progress import progress_bar
 
-    with _about(str(args.experiment)):
-        sim = Simulation(config, trace)
-        with progress_bar(not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3) as bar:
-            results = sim.run(progress=bar.update)
-    results.summary.update(load)
+    with _about(str(args.experiment)), progress_bar(
+        not args.no_progress, total=len(trace), unit="req", desc="arrived", delay=3
+    ) as bar:
+        results = simulate(config, trace, progress=bar.update)
     try:
         save_run(results, out, figure=config.output.figures and not args.no_figure)
     except OSError as exc:
@@ -192,10 +237,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-# How far `lmsim run` looks for a free default directory (runs/<name>-N) before giving up.
-MAX_DEFAULT_SUFFIX = 999
-
-
 def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     """Where `lmsim run` writes, checked before anything runs.
 
@@ -205,7 +246,13 @@ def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     same results); otherwise the first free or same-configuration runs/<name>-2, -3, ... so a
     run never replaces an earlier run of a different configuration. `--overwrite` without
     `--out` replaces the run at the default directory whatever its configuration."""
-    from lmsim.study.rundir import RUN_FILES, check_output_dir, directory_kind, saved_config_matches
+    from lmsim.study.rundir import (
+        RUN_FILES,
+        check_output_dir,
+        default_directory,
+        directory_kind,
+        saved_config_matches,
+    )
 
     if out is not None:
         path = Path(out)
@@ -219,15 +266,12 @@ def _run_directory(config, out: str | None, *, overwrite: bool) -> Path:
     if base.resolve() == cwd or base.resolve() in cwd.parents:
         check_output_dir(base, "run")  # output.dir: . names the user's folder; refused
     wanted = config.to_dict()
-    for n in range(1, MAX_DEFAULT_SUFFIX + 1):
-        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
-            check_output_dir(path, "run")  # a parent that is a file, the working directory
-            return path
-        if directory_kind(path) == "run" and saved_config_matches(path, wanted):
-            check_output_dir(path, "run", overwrite=True, allowed_files=RUN_FILES)
-            return path
-    raise ConfigError(f"{base}: {base.name}-2 ... -{MAX_DEFAULT_SUFFIX} are all taken; pass --out")
+    path = default_directory(base, lambda p: directory_kind(p) == "run" and saved_config_matches(p, wanted))
+    if path.exists() and any(path.iterdir()):
+        check_output_dir(path, "run", overwrite=True, allowed_files=RUN_FILES)
+    else:
+        check_output_dir(path, "run")  # a parent that is a file, the working directory
+    return path
 
 
 def format_summary(name: str, s: dict) -> str:
@@ -263,67 +307,32 @@ def format_summary(name: str, s: dict) -> str:
             f"{100 * s['slo_attainment']:.1f}%, goodput {s['goodput_per_s']:.3f} req/s"
         )
     lines.append(f"router {s['router_us_per_decision']:.1f} us/decision, {s['num_preemptions']} preemptions")
+    if "num_kv_transfers" in s:
+        mean_s, mean_b = s.get("kv_transfer_s_mean"), s.get("kv_transfer_bytes_mean")
+        lines.append(
+            f"kv transfers {s['num_kv_transfers']}"
+            + (f", mean {1000 * mean_s:.1f} ms of {mean_b / 1e6:.1f} MB" if mean_s is not None else "")
+            + f"; prefilled on their decode instance {s['num_prefilled_on_decode']}"
+        )
+    busy = {k.removeprefix("busy_fraction_"): v for k, v in s.items() if k.startswith("busy_fraction_") and v is not None}
+    if busy:
+        lines.append("busy " + ", ".join(f"{pool} {100 * v:.0f}%" for pool, v in busy.items()))
+    if s.get("kv_tiers_instances"):
+        disk = s.get("prefix_hit_ratio_first_admission_disk")
+        lines.append(
+            f"KV tiers on {s['kv_tiers_instances']} instances: hit at first admission GPU "
+            f"{s['prefix_hit_ratio_first_admission']:.3f}, host {s['prefix_hit_ratio_first_admission_host']:.3f}"
+            + (f", disk {disk:.3f}" if s.get("kv_offload_bytes_disk") is not None else "")
+            + f"; {s['kv_num_loads']} loads, {s['kv_h2d_bytes'] / 1e9:.1f} GB loaded, "
+            f"{s['kv_offload_bytes_host'] / 1e9:.1f} GB offloaded"
+        )
     return "\n".join(lines)
 
 
-def cmd_policies(args: argparse.Namespace) -> int:
-    import inspect
-
-    from lmsim.policies import POLICIES
-
-    for name in POLICIES.names():
-        cls = POLICIES.get(name)
-        doc = (inspect.getdoc(cls) or "").splitlines()
-        params = POLICIES.parameters(name)
-        shown = ", ".join(
-            f"{key}={p.default!r}" if p.default is not inspect.Parameter.empty else key
-            for key, p in params.items()
-        )
-        print(f"{name:16} {cite_only_shipped_documents(doc[0]) if doc else ''}")
-        print(f"{'':16} params: {shown or '(none)'}")
-        for key, why in getattr(cls, "default_reasons", {}).items():
-            default = params[key].default if key in params else "?"
-            print(f"{'':16} default {key}={default!r}: {why}")
-    return 0
-
-
-_DOCUMENT = re.compile(r"[\w./-]+\.(?:md|txt)\b")
-_PARENTHETICAL = re.compile(r"\s*\(([^()]*)\)")
-
-
-def document_exists(name: str) -> bool:
-    """A cited document is in the repository (a source checkout) or ships in lmsim/data."""
-    from lmsim.data import DATA_DIR
-
-    return any((base / name).is_file() for base in (DATA_DIR, DATA_DIR.parent.parent))
-
-
-def cite_only_shipped_documents(text: str) -> str:
-    """Drop a parenthetical reference to a document the user does not have (the specs
-    under ../shared/docs that docstrings cite for developers), so what the CLI prints
-    only points at files that exist."""
-
-    def keep(match: re.Match[str]) -> str:
-        cited = _DOCUMENT.findall(match.group(1))
-        return "" if cited and not all(document_exists(d) for d in cited) else match.group(0)
-
-    return _PARENTHETICAL.sub(keep, text)
-
-
-# Modules that add subcommands through `register_cli(subparsers)`.
-COMMAND_MODULES = (
-    "lmsim.cli.profile",
-    "lmsim.cli.trace",
-    "lmsim.cli.capacity",
-    "lmsim.cli.sweep",
-    "lmsim.cli.plot",
-    "lmsim.cli.report",
-    "lmsim.cli.compare",
-    "lmsim.cli.bench",
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser. With `argv`, only the command modules one of whose commands `argv`
+    names are loaded; the others' commands are listed by name and help alone (COMMANDS), so
+    building the parser for `--version` or `--help` imports no command module."""
     parser = argparse.ArgumentParser(prog="lmsim", description="LLM serving cluster simulator")
     parser.add_argument("--version", action="version", version=f"lmsim {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -331,12 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
-    for module in COMMAND_MODULES:
-        if importlib.util.find_spec(module) is None:
-            continue  # a command family not built yet
-        register = getattr(importlib.import_module(module), "register_cli", None)
-        if register is not None:
-            register(sub)
+    named = None if argv is None else set(argv)
+    loaded: set[str] = set()
+    for name, (module, summary) in COMMANDS.items():
+        if named is not None and not any(c in named for c, (m, _) in COMMANDS.items() if m == module):
+            sub.add_parser(name, help=summary, add_help=False)  # listed; its module loads when named
+        elif module not in loaded:
+            loaded.add(module)
+            if importlib.util.find_spec(module) is not None:  # else a command family not built yet
+                importlib.import_module(module).register_cli(sub)
     return parser
 
 
@@ -356,7 +368,7 @@ def _experiment_paths(given: str | list[str]) -> str | list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if hasattr(args, "experiment"):
         args.experiment = _experiment_paths(args.experiment)

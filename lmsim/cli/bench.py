@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.outputs import check_output_file, write_text
 from lmsim.study.bench import HEADER, run_bench
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench", help="measure simulator speed and memory on fixed workloads")
+    p = subparsers.add_parser("bench", help=command_help("bench"))
     p.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes in all)")
     p.add_argument("--profile", action="store_true", help="add a cProfile breakdown per workload")
     p.add_argument("--json", dest="json_path", help="write the table as JSON records")

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmsim.cli.options import add_plugin_option
+from lmsim.cli.options import add_plugin_option, command_help
 from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
 from lmsim.study.bundle import bundle_experiments
-from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, resolve_capacity
+from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, describe_reference, resolve_capacity
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("capacity", help="find the maximum sustainable arrival rate")
+    p = subparsers.add_parser("capacity", help=command_help("capacity"))
     p.add_argument("experiment", nargs="+", help="experiment YAML(s); several only with --bundle")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--probe-requests", type=int, default=CapacitySearch.probe_requests)
@@ -50,13 +50,14 @@ def cmd_capacity(args: Any) -> int:
     trace = load_workload_trace(config, experiment_dir)
     search = CapacitySearch(probe_requests=args.probe_requests)
     print(f"{args.experiment}: capacity on the first {min(len(trace), search.probe_requests)} requests "
-          f"({config.cluster.num_instances} x {config.cluster.profile})")
+          f"({config.cluster.describe() if config.cluster.pools else f'{config.cluster.num_instances} x {config.cluster.profile}'})")
     found = resolve_capacity(
         trace, config, search, workload=workload_identity(config, experiment_dir),
         use_cache=not args.no_cache, log=print,
     )  # fmt: skip
     rate = found.rate
     assert rate is not None
-    print(f"capacity: {rate:.4g} req/s ({found.source}, {len(found.probes)} probes); "
+    under = f" under {describe_reference(config)}" if config.cluster.is_disaggregated else ""
+    print(f"capacity: {rate:.4g} req/s{under} ({found.source}, {len(found.probes)} probes); "
           f"load 0.5 = {rate / 2:.4g} req/s")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmsim.cli.options import command_help
 from lmsim.viz.compare import compare
 
 
@@ -18,7 +19,7 @@ def cmd_compare(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("compare", help="compare saved runs: one table, ratios to a baseline, CDFs")
+    p = subparsers.add_parser("compare", help=command_help("compare"))
     p.add_argument("dir", nargs="+", help="run directories and/or sweep directories (sweeps expand to their runs)")
     p.add_argument("--baseline", metavar="RUN", help="run directory (or label) whose values the ratios divide by")
     p.add_argument("--out", metavar="DIR", help="write the table (compare.csv and a text copy) and cdf.{png,svg,pdf} here")

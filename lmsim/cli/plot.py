@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.viz.figures import FORMATS, KINDS, make_figures
 
 
@@ -19,7 +19,7 @@ def cmd_plot(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("plot", help="draw figures from saved run and sweep directories")
+    p = subparsers.add_parser("plot", help=command_help("plot"))
     p.add_argument("dir", nargs="+", help="run directories and/or sweep directories (with sweep.parquet)")
     p.add_argument("--kind", action="append", default=[], metavar="K",
                    help=f"figure kind, repeatable or comma-separated: {', '.join(KINDS)} "

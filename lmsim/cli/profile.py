@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.data import PROFILES_DIR, check_source_checkout
 from lmsim.errors import ProfileError
 from lmsim.outputs import check_output_file, is_signed_figure
@@ -27,7 +27,7 @@ from lmsim.profile.tables import (
 
 
 def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="step-cost profiles: generate, show, plot, fit")
+    p = subparsers.add_parser("profile", help=command_help("profile"))
     sub = p.add_subparsers(dest="profile_command", required=True)
 
     g = sub.add_parser("generate", help="regenerate profile tables from the analytic model")

@@ -6,7 +6,8 @@ import signal
 import sys
 from typing import Any
 
-from lmsim.cli.options import add_plugin_option
+from lmsim.cli.options import add_overwrite_option, add_plugin_option, command_help
+from lmsim.errors import counted
 from lmsim.study.execute import run_sweep
 from lmsim.study.expand import load_sweep
 
@@ -20,11 +21,11 @@ def cmd_sweep(args: Any) -> int:
     executor = args.executor or ("dask" if args.scheduler else "local")
     outcome = run_sweep(
         args.experiment, args.overrides, out=args.out, jobs=args.jobs, executor=executor,
-        scheduler=args.scheduler, progress=not args.no_progress,
+        scheduler=args.scheduler, progress=not args.no_progress, overwrite=args.overwrite,
     )  # fmt: skip
     complete = len(outcome.skipped) + len(outcome.executed)
     print(
-        f"sweep: {complete}/{len(outcome.points)} runs complete ({len(outcome.executed)} ran now, "
+        f"sweep: {complete}/{counted(len(outcome.points), 'run')} complete ({len(outcome.executed)} ran now, "
         f"{len(outcome.skipped)} skipped as complete, {len(outcome.failed)} failed); index {outcome.index}"
     )
     if outcome.failed:
@@ -38,12 +39,15 @@ def cmd_sweep(args: Any) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("sweep", help="run every point of an experiment's sweep: block (resumable)")
+    p = subparsers.add_parser("sweep", help=command_help("sweep"))
     p.add_argument("experiment", help="experiment YAML with a sweep: block")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field before expansion (repeatable)")
-    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>): absent, empty, "
-                   "or a sweep lmsim wrote (resumed); never a run directory or a folder of yours")
+    p.add_argument("--out", help="sweep directory (default: output.dir or runs/<name>, or runs/<name>-2, "
+                   "-3, ... when that holds runs of another configuration): absent, empty, or a sweep "
+                   "lmsim wrote (resumed); never a run directory or a folder of yours")
+    add_overwrite_option(p, "sweep's finished runs that were made from another configuration "
+                         "(rerun; its runs of points no longer swept are removed)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="runs in parallel (default 1)")
     p.add_argument("--executor", choices=("local", "dask"), default=None,
                    help="local process pool (default) or dask.distributed")

@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from lmsim.cli.options import add_overwrite_option
+from lmsim.cli.options import add_overwrite_option, command_help
 from lmsim.errors import ConfigError
 from lmsim.outputs import check_output_file, is_signed_figure, save_figure
 from lmsim.workload.formats import FORMATS, load_trace
@@ -25,7 +26,7 @@ from lmsim.workload.trace import is_canonical_trace
 
 
 def register_cli(subparsers: Any) -> None:
-    trace = subparsers.add_parser("trace", help="convert, inspect, plot and generate traces")
+    trace = subparsers.add_parser("trace", help=command_help("trace"))
     sub = trace.add_subparsers(dest="trace_command", required=True)
 
     conv = sub.add_parser("convert", help="convert a trace file to canonical Parquet")
@@ -42,7 +43,7 @@ def register_cli(subparsers: Any) -> None:
     conv.set_defaults(func=cmd_convert)
 
     st = sub.add_parser("stats", help="print a trace's request, length, arrival and prefix-reuse statistics")
-    st.add_argument("trace", metavar="TRACE")
+    st.add_argument("trace", metavar="TRACE", help="a trace file or a bundled trace's name (lmsim list traces)")
     st.add_argument("--format", choices=FORMATS.names(), default=None)
     st.add_argument("--skip-bad-rows", action="store_true")
     st.add_argument("--param", action="append", default=[], metavar="K=V",
@@ -78,6 +79,17 @@ def register_cli(subparsers: Any) -> None:
     cmp_.set_defaults(func=cmd_compare)
 
 
+def trace_path(arg: str) -> str:
+    """A trace argument: a path, or the name of a bundled trace (`kimi_conversation_sample`)
+    when no such file exists, so the shipped traces work from any directory."""
+    from lmsim.data import bundled_trace
+
+    if Path(arg).exists():
+        return arg
+    bundled = bundled_trace(arg)
+    return str(bundled) if bundled is not None else arg
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from lmsim.workload.convert import convert_trace
     from lmsim.workload.formats import infer_format
@@ -85,6 +97,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not str(args.out).endswith(".parquet"):
         raise ConfigError(f"{args.out}: --out must name a .parquet file (the canonical trace format)")
     check_output_file(args.out, overwrite=args.overwrite, ours=is_canonical_trace)
+    args.input = trace_path(args.input)
     fmt = args.format or infer_format(Path(args.input))
     print(f"{args.input}: format {fmt}" + ("" if args.format else " (detected)"), flush=True)
     _fmt, count, skipped = convert_trace(
@@ -103,7 +116,7 @@ def _jsonable(v: Any) -> Any:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows,
+    trace = load_trace(trace_path(args.trace), format=args.format, skip_bad_rows=args.skip_bad_rows,
                        progress=not args.no_progress, params=parse_params(args.param))
     stats = trace_stats(trace)
     if args.json:
@@ -119,17 +132,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     # Beside the trace would be inside the installed package for a bundled one.
     out = Path(args.out) if args.out else Path(Path(args.trace).stem + ".png")
     check_output_file(out, overwrite=args.overwrite, ours=is_signed_figure)
-    trace = load_trace(args.trace, format=args.format)
+    trace = load_trace(trace_path(args.trace), format=args.format)
     fig, (ax_rate, ax_cdf) = plt.subplots(1, 2, figsize=(11, 4))
-    t = trace.arrival_s - trace.arrival_s[0]
-    bins = np.arange(0, max(t[-1], 60) + 60, 60)
-    counts, edges = np.histogram(t, bins=bins)
-    ax_rate.step(edges[:-1] / 60, counts, where="post")
+    edges, per_minute = arrivals_per_minute(trace.arrival_s)
+    ax_rate.stairs(per_minute, edges / 60)
     ax_rate.set_xlabel("minute")
     ax_rate.set_ylabel("requests per minute")
     ax_rate.set_title("arrival rate")
@@ -147,6 +157,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     plt.close(fig)
     print(f"wrote {out}")
     return 0
+
+
+def arrivals_per_minute(arrival_s: Any) -> tuple[Any, Any]:
+    """(edges in s from the first arrival, requests per minute in each bin): whole minutes,
+    then the last, partial one up to the last arrival, its count divided by its own length
+    (30 requests in its 30 s are 60 per minute, not the 30 a whole-minute bin would show as
+    a drop at the end of every trace). A trace of one instant is one bin of one minute."""
+    t = np.asarray(arrival_s, dtype=float) - float(arrival_s[0])
+    end = float(t[-1]) if len(t) and t[-1] > 0 else 60.0
+    edges = np.append(np.arange(0.0, end, 60.0), end)
+    counts, _ = np.histogram(t, bins=edges)
+    return edges, counts * 60.0 / np.diff(edges)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -177,8 +199,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.splits < 1:
         raise ConfigError(f"--splits must be >= 1, got {args.splits}")
-    a = session_samples(load_trace(args.a))
-    b = session_samples(load_trace(args.b))
+    a = session_samples(load_trace(trace_path(args.a)))
+    b = session_samples(load_trace(trace_path(args.b)))
     tolerance = split_tolerance(a, splits=args.splits, seed=args.seed)
     print(format_comparison(compare(a, b, tolerance), args.a, args.b))
     print(f"tolerance: the largest B/A deviation over {args.splits} random disjoint halves of A")

@@ -28,6 +28,14 @@ def bundled_experiment(name: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def bundled_trace(name: str) -> Path | None:
+    """The bundled trace a bare name means (`kimi_conversation_sample`, with or without
+    `.parquet` or `traces/`), or None."""
+    stem = name.removeprefix("traces/").removesuffix(".parquet")
+    candidate = TRACES_DIR / f"{stem}.parquet"
+    return candidate if "/" not in stem and candidate.is_file() else None
+
+
 def bundled_experiment_names() -> list[str]:
     return sorted(
         str(p.relative_to(EXPERIMENTS_DIR).with_suffix(""))

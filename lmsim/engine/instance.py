@@ -23,6 +23,7 @@ from itertools import accumulate
 
 import simpy
 
+from lmsim.config import PoolSpec
 from lmsim.engine.clock import STEP_END, WAKE, schedule_at
 from lmsim.engine.request import Request
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
@@ -49,9 +50,11 @@ class Instance:
         scheduler: InstanceScheduler,
         on_step_end: StepListener,
         on_rejected: RejectListener,
+        pool: PoolSpec | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
+        self.pool = pool  # the pool it belongs to (name, role, engine settings)
         self.scheduler = scheduler
         self._on_step_end = on_step_end
         self._on_rejected = on_rejected
@@ -69,6 +72,7 @@ class Instance:
         # events of the step being planned, whose end is not known yet.
         self.kv_sink: KVEventSink | None = None
         self._planning = False
+        self._receiving = False  # a connector's load is becoming cache entries
         self._kv_unstamped: list[tuple[int, bool]] = []
 
     @property
@@ -84,6 +88,28 @@ class Instance:
     def submit(self, request: Request) -> None:
         self.materialize()
         self.scheduler.enqueue(request)
+        self._reconsider()
+
+    def external_ready(self, request: Request) -> None:
+        """A connector's load for `request` has landed (lmsim.engine.connector). Its blocks
+        become cache entries now, between steps; their KV events are published with the next
+        step (see `on_kv_event`)."""
+        self.materialize()
+        self._receiving = True
+        self.scheduler.finish_load(request)
+        self._receiving = False
+        self._reconsider()
+
+    def release_held(self, request: Request) -> None:
+        """A connector is done reading a finished request's blocks: free them."""
+        self.materialize()
+        self.scheduler.release_held(request)
+        self._reconsider()
+
+    def _reconsider(self) -> None:
+        """The waiting queue or the free pool changed: plan at the next step boundary, as
+        one-by-one stepping would (an idle instance wakes now; a run in flight ends after
+        the step in progress)."""
         if self._plan is None:
             if not self._wake_pending:
                 self._wake_pending = True
@@ -122,9 +148,11 @@ class Instance:
 
     def on_kv_event(self, block_hash: int, stored: bool) -> None:
         """The cache stored or evicted a block while a step was being scheduled; publish it
-        when that step ends."""
+        when that step ends. Blocks a connector's load caches between steps are published
+        with the next step the instance plans (vLLM caches them in the next `schedule()`,
+        `_update_waiting_for_remote_kv`)."""
         assert self.kv_sink is not None
-        if self._planning:
+        if self._planning or self._receiving:
             self._kv_unstamped.append((block_hash, stored))
             return
         plan = self._plan
@@ -156,7 +184,11 @@ class Instance:
             for request in rejected:
                 self._on_rejected(request)
         if plan is None:
-            assert not self._kv_unstamped
+            # A plan that only started loads (their blocks' allocation evicted some) runs no
+            # step: its events are published at once, as vLLM's output of an empty step.
+            events, self._kv_unstamped = self._kv_unstamped, []
+            for block_hash, stored in events:
+                self.kv_sink(self.instance_id, block_hash, stored, self.env.now)  # type: ignore[misc]
             return
         # accumulate adds exactly as `t = t + d` step by step would, at C speed.
         times = list(accumulate(plan.durations, initial=self.env.now))

@@ -29,10 +29,13 @@ class Simulation(Protocol):
 
     config: Any
     cost_model: Any
+    pool_cost_models: dict[str, Any]
+    kv_tiers: dict[int, Any]  # instance id -> its lower KV tiers (lmsim.engine.kv_tiers)
     recorder: Any
     instances: list[Instance]
     live: int
     env: Any
+    disagg: Any  # lmsim.engine.disagg.Disaggregation, or None
 
 _EPS = 1e-9
 
@@ -50,30 +53,31 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     # The step that just ended (the last of a fast-forwarded run), whose end is `now`; so a
     # message reads the same with fast-forward on or off.
     step = plan.start_step + plan.num_steps - 1
-    cfg = sim.config.cluster
 
     # The step's composition: recount the tokens instead of trusting the plan's counter.
     tokens = plan.num_decodes
     # the threshold is waived only for a request alone in the engine (vLLM 0.33), so any
     # step that schedules two sequences must respect it
-    cap = cfg.long_prefill_token_threshold if plan.num_decodes + len(plan.chunks) > 1 else plan.long_prefill_cap
+    # the pool's configured limits: the truth the scheduler must respect
+    limits = instance.pool.engine
+    cap = limits["long_prefill_token_threshold"] if plan.num_decodes + len(plan.chunks) > 1 else plan.long_prefill_cap
     for request, q in plan.chunks:
         tokens += q
         if q < 1 or (cap and q > cap):
             _fail(f"request {request.request_id} got a prefill chunk of {q} tokens", instance, step, now)
     if tokens != plan.num_tokens:
         _fail(f"plan reports {plan.num_tokens} tokens but its chunks and decodes add to {tokens}", instance, step, now)
-    if tokens > cfg.max_num_batched_tokens:
-        _fail(f"scheduled {tokens} tokens > budget {cfg.max_num_batched_tokens}", instance, step, now)
+    if tokens > limits["max_num_batched_tokens"]:
+        _fail(f"scheduled {tokens} tokens > budget {limits['max_num_batched_tokens']}", instance, step, now)
     if not tokens and not plan.preempted:
         # Only a step whose running requests were all preempted may compute nothing; an
         # empty step otherwise is the start of a livelock (planned again and again).
         _fail("planned a step that computes nothing and preempted nobody", instance, step, now)
     seqs = plan.num_decodes + len(plan.chunks)
-    if seqs > cfg.max_num_seqs:
-        _fail(f"scheduled {seqs} sequences > max_num_seqs {cfg.max_num_seqs}", instance, step, now)
-    if len(s.running) > cfg.max_num_seqs:
-        _fail(f"{len(s.running)} running > max_num_seqs {cfg.max_num_seqs}", instance, step, now)
+    if seqs > limits["max_num_seqs"]:
+        _fail(f"scheduled {seqs} sequences > max_num_seqs {limits['max_num_seqs']}", instance, step, now)
+    if len(s.running) > limits["max_num_seqs"]:
+        _fail(f"{len(s.running)} running > max_num_seqs {limits['max_num_seqs']}", instance, step, now)
 
     # KV accounting: what requests hold must match the pool.
     held = 0
@@ -86,10 +90,17 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
         if request.state is not RequestState.RUNNING:
             _fail(f"request {request.request_id} in running list with state {request.state.name}", instance, step, now)
     for request in s.waiting:
-        if request.block_keys:
+        if request.block_keys and not request.kv_loaded:
             _fail(f"waiting request {request.request_id} holds blocks", instance, step, now)
         if request.state is not RequestState.WAITING:
             _fail(f"request {request.request_id} in waiting queue with state {request.state.name}", instance, step, now)
+    # Blocks held outside the running batch: loads in flight, loaded requests waiting for
+    # admission, finished requests kept for a reader (lmsim.engine.connector).
+    for request in itertools.chain(s.loading, (r for r in s.waiting if r.kv_loaded), s.held):
+        held += len(request.block_keys) + request.kv_held_extra
+        for key in request.block_keys:
+            if key != ANON:
+                refs[key] = refs.get(key, 0) + 1
     problems = s.cache.check(held, refs)
     if problems:
         _fail("KV: " + "; ".join(problems), instance, step, now)
@@ -102,12 +113,12 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
     # tables are not additive (a table clamped below its first grid point charges a 1-token
     # chunk like a 10-token one), so a busy engine's different chunking can legitimately be
     # a little faster than the idle one; the property tests found such a case.
-    additive = isinstance(sim.cost_model, LinearCostModel)
     for request in outcome.first_tokens:
         _check_stamps(request, 4, instance, step, now)
-        if not additive:
+        _check_handoff_stamps(sim, request, instance, step, now)
+        floor = _ttft_floor(sim, request, instance)
+        if floor is None:
             continue
-        floor = idle_prefill_time(sim, request.input_tokens - (request.cached_tokens or 0), request.cached_tokens or 0)
         ttft = request.first_token_at - request.arrived_at
         if ttft < floor * (1 - 1e-9) - _EPS:
             _fail(
@@ -120,6 +131,53 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
         _check_stamps(request, 5, instance, step, now)
 
     _check_conservation(sim, instance, step, now)
+
+
+def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float | None:
+    """The least TTFT `request` could have had on idle instances, or None when the cost
+    models are not additive (see check_step).
+
+    A request handed over from a prefill instance: its prefill there (after the prefill
+    instance's hit), the transfer at full bandwidth after its latency, then the decode
+    instance's step computing what a transfer never brings (the partial last block, at least
+    the last token). Otherwise: the prefill here after the hit and whatever a connector
+    loaded."""
+    s = instance.scheduler
+    bs = s.block_size
+    rid = request.request_id
+    handoffs = sim.recorder.handoffs
+    if handoffs is not None and instance.pool.role == "decode" and handoffs.prefill_instance_id[rid] >= 0:
+        source = sim.instances[int(handoffs.prefill_instance_id[rid])].pool
+        if not all(isinstance(sim.pool_cost_models[p.name], LinearCostModel) for p in (source, instance.pool)):
+            return None
+        hit = request.cached_tokens or 0
+        floor = idle_prefill_time(sim, max(1, request.input_tokens - hit), hit, source)
+        nbytes = int(handoffs.kv_transfer_bytes[rid])
+        if nbytes > 0:
+            link = sim.config.cluster.transfer
+            floor += link.latency_s + nbytes / link.bandwidth_bytes_s
+        rest = request.input_tokens - min((request.input_tokens // bs) * bs, request.input_tokens - 1)
+        return floor + idle_prefill_time(sim, rest, request.input_tokens - rest, instance.pool)
+    if not isinstance(sim.pool_cost_models[instance.pool.name], LinearCostModel):
+        return None
+    # tokens a connector loaded were not computed here
+    skipped = (request.cached_tokens or 0) + request.kv_external_blocks * bs
+    return idle_prefill_time(sim, max(1, request.input_tokens - skipped), skipped, instance.pool)
+
+
+def _check_handoff_stamps(sim: Simulation, request: Request, instance: Instance, step: int, now: float) -> None:
+    """prefill done <= transfer start <= transfer landed <= first token (decode side)."""
+    handoffs = sim.recorder.handoffs
+    rid = request.request_id
+    if handoffs is None or instance.pool.role != "decode" or handoffs.prefill_instance_id[rid] < 0:
+        return
+    done, start, took = handoffs.prefill_done_at[rid], handoffs.kv_transfer_start_at[rid], handoffs.kv_transfer_s[rid]
+    if not done <= start <= start + took <= request.first_token_at + _EPS:
+        _fail(
+            f"request {rid}: prefill done {done:.6f}s, transfer from {start:.6f}s for {took:.6f}s, "
+            f"first token {request.first_token_at:.6f}s are out of order",
+            instance, step, now,
+        )
 
 
 def _check_stamps(request: Request, count: int, instance: Instance, step: int, now: float) -> None:
@@ -145,7 +203,7 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
     where: dict[int, int] = {}
     for inst in sim.instances:
         s = inst.scheduler
-        for request in itertools.chain(s.running, s.waiting):
+        for request in itertools.chain(s.running, s.waiting, s.loading):
             rid = request.request_id
             if rid in where:
                 _fail(f"request {rid} listed twice (instances {where[rid]} and {inst.instance_id})", instance, step, now)
@@ -154,34 +212,87 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
                 _fail(f"request {rid} routed to instance {request.instance_id} but queued on {inst.instance_id}", instance, step, now)
             if status[rid] != UNFINISHED:
                 _fail(f"request {rid} is {STATUS_NAMES[int(status[rid])]} but still on instance {inst.instance_id}", instance, step, now)
+    if sim.disagg is not None:
+        from lmsim.engine.disagg import HANDING
+
+        # between its prefill's end and its place in the decode queue (the same instant) a
+        # request is where its held KV is
+        for rid, h in sim.disagg.handoffs.items():
+            if h.state == HANDING:
+                if rid in where:
+                    _fail(f"request {rid} listed twice (instances {where[rid]} and {h.prefill_id})", instance, step, now)
+                where[rid] = h.prefill_id
     live = np.flatnonzero(status == UNFINISHED)
     if len(live) != len(where):
         lost = next(int(r) for r in live if int(r) not in where)
         _fail(f"request {lost} arrived and is not done but is on no instance", instance, step, now)
     if sim.live != len(live):
         _fail(f"the live counter says {sim.live} but {len(live)} arrived requests are not done", instance, step, now)
+    if sim.disagg is not None:
+        _check_handoffs(sim, instance, step, now)
 
 
-def idle_prefill_time(sim: Simulation, uncached: int, cached: int) -> float:
+def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: float) -> None:
+    """Every KV a prefill instance holds is being read by (or about to be offered to) the
+    decode instance of its request; every load on a decode instance is such a transfer (or
+    one from the instance's own lower KV tiers); a
+    handoff past its prefill has its leg held on its prefill instance."""
+    from lmsim.engine.disagg import PREFILLING, TRANSFERRING
+
+    handoffs = sim.disagg.handoffs
+    for inst in sim.instances:
+        s = inst.scheduler
+        if inst.pool.role == "prefill":
+            for leg in s.held:
+                h = handoffs.get(leg.request_id)
+                if h is None or h.leg is not leg or h.prefill_id != inst.instance_id or h.state == PREFILLING:
+                    _fail(f"prefill instance {inst.instance_id} holds request {leg.request_id}'s KV for no handoff", instance, step, now)
+        tier = sim.kv_tiers.get(inst.instance_id)
+        for request in s.loading:
+            if tier is not None and request.request_id in tier.loading_ids:
+                continue  # a load from the instance's own host memory or disk
+            h = handoffs.get(request.request_id)
+            if h is None or h.state != TRANSFERRING or h.decode_id != inst.instance_id:
+                _fail(f"instance {inst.instance_id} loads request {request.request_id}'s KV outside a transfer", instance, step, now)
+    for rid, h in handoffs.items():
+        if h.state != PREFILLING and h.leg not in sim.instances[h.prefill_id].scheduler.held:
+            _fail(f"request {rid} is past its prefill but instance {h.prefill_id} does not hold its KV", instance, step, now)
+
+
+def idle_prefill_time(sim: Simulation, uncached: int, cached: int, pool: Any = None) -> float:
     """Time to prefill `uncached` tokens after `cached` ones on an otherwise idle engine
-    (where `long_prefill_token_threshold` does not apply: the request is alone)."""
-    budget = sim.config.cluster.max_num_batched_tokens
+    (where `long_prefill_token_threshold` does not apply: the request is alone), on a
+    `pool` as configured (default: the cluster's first)."""
+    pool = pool if pool is not None else sim.instances[0].pool
+    budget = pool.engine["max_num_batched_tokens"]
+    cost_model = sim.pool_cost_models[pool.name]
     total = 0.0
     done = cached
     left = uncached
     while left > 0:
         q = min(left, budget)
-        total += sim.cost_model.step_time([(q, done)], 0, 0)
+        total += cost_model.step_time([(q, done)], 0, 0)
         done += q
         left -= q
     return total
 
 
 def check_end(sim: Simulation) -> None:
-    _check_conservation(sim, None, max((i.scheduler.steps_done for i in sim.instances), default=0), sim.env.now)
+    last = max((i.scheduler.steps_done for i in sim.instances), default=0)
+    _check_conservation(sim, None, last, sim.env.now)
+    if sim.disagg is not None and sim.live == 0 and sim.disagg.handoffs:
+        _fail(f"at the end {len(sim.disagg.handoffs)} handoffs never completed", None, last, sim.env.now)
     for instance in sim.instances:
         s = instance.scheduler
-        if s.is_idle and s.cache.num_free_blocks != s.cache.num_total_blocks:
+        # a run cut short (drain limit, stop time) may leave transfers in flight
+        if sim.live == 0 and (s.loading or s.held):
+            _fail(
+                f"at the end {len(s.loading)} loads are in flight and {len(s.held)} finished requests hold blocks",
+                instance,
+                s.steps_done,
+                sim.env.now,
+            )
+        if s.is_idle and not (s.loading or s.held) and s.cache.num_free_blocks != s.cache.num_total_blocks:
             _fail(
                 f"idle at the end with {s.cache.num_total_blocks - s.cache.num_free_blocks} blocks still in use",
                 instance,

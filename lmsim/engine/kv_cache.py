@@ -6,8 +6,10 @@ Model (costmodel.md §7, vLLM `block_pool.py` / `kv_cache_utils.py`):
 * The pool has `num_total_blocks` blocks of `block_size` tokens. A block is in use (held by
   one or more requests, reference count >= 1) or free. Free blocks wait in one queue whose
   order is the eviction order; never-used blocks sit at its head.
-* A full block whose content the trace identifies carries a hash and becomes a
-  prefix-cache entry the moment it is scheduled for computation. When its last holder
+* Every full block carries a hash (`lmsim.engine.block_names`: the trace's ids, the
+  continuation's, or a synthetic name of its own) and becomes a prefix-cache entry the
+  moment it is scheduled for computation; only partial blocks and never-used ones have
+  no content. When its last holder
   releases it, it stays cached in the free queue until the queue hands it out again.
 * A hit is the longest run of leading blocks present (in use or free). Hitting a free block
   takes it out of the free queue ("touch").
@@ -130,7 +132,7 @@ def leading_matches(
     return lengths
 
 
-ANON = -1  # the key of a block without cached content (never used, decode tail, partial)
+ANON = -1  # the key of a block without cached content (never used, partial, or not yet filled)
 
 
 class PrefixCache:
@@ -582,7 +584,8 @@ def _decrement(counts: dict[int, int], keys: list[int]) -> None:
     old = list(map(counts.__getitem__, keys))
     dict.update(counts, zip(keys, map(_minus_one, old)))
     if 1 in old:
-        _consume(map(counts.__delitem__, compress(keys, map(_is_one, old))))
+        # dict's own __delitem__: Counter's is a Python method (a call per key)
+        _consume(map(dict.__delitem__, repeat(counts), compress(keys, map(_is_one, old))))
 
 
 def _consume(iterator: Iterator[object]) -> None:

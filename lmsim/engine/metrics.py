@@ -18,6 +18,12 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
   `resume_exceeds_kv_cache` (under `whole_prompt_watermark`, a request preempted after
   producing output whose prompt + outputs no longer fit in the pool beside the watermark;
   vLLM v0 marks it FINISHED_IGNORED when it next heads the waiting queue).
+* With lower KV tiers (lmsim.engine.kv_tiers), for requests admitted on an instance that has
+  them (null otherwise): `kv_hit_tokens_host` and `kv_hit_tokens_disk`, the tokens found in
+  host memory and on disk beyond the GPU hit (`cached_tokens`) at the first admission, and
+  `kv_load_bytes` and `kv_load_s`, the bytes every load of the request moved (the
+  host-to-GPU copy, plus the disk read for disk blocks) and the seconds from each load's
+  start to its landing (queueing on the lanes included), summed (0 when nothing was loaded).
 * `output_tokens` is what the request generates: the trace's count, clipped to
   `max_model_len - input_tokens` (vLLM stops a request whose length reaches max_model_len).
 
@@ -64,6 +70,21 @@ class Recorder:
         self.lookup_hit_tokens = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.samples: list[tuple[float, int, int, int, int, float, int, int]] = []
+        self.handoffs: HandoffRecords | None = None  # disaggregated clusters only
+        self.kv_tiers = False
+
+    def enable_handoffs(self) -> HandoffRecords:
+        self.handoffs = HandoffRecords(len(self.status))
+        return self.handoffs
+
+    def track_kv_tiers(self) -> None:
+        """Record the lower-tier columns too (some instance has host memory / disk tiers)."""
+        n = len(self.status)
+        self.kv_tiers = True
+        self.kv_hit_tokens_host = np.full(n, -1, dtype=np.int64)
+        self.kv_hit_tokens_disk = np.full(n, -1, dtype=np.int64)
+        self.kv_load_bytes = np.full(n, -1, dtype=np.int64)
+        self.kv_load_s = np.full(n, np.nan)
 
     def arrived(self, request: Request) -> None:
         self.arrived_at[request.request_id] = request.arrived_at
@@ -95,6 +116,11 @@ class Recorder:
         self.num_preemptions[i] = request.num_preemptions
         self.lookup_tokens[i] = request.lookup_tokens
         self.lookup_hit_tokens[i] = request.lookup_hit_tokens
+        if self.kv_tiers and request.kv_hit_tokens_host >= 0 and request.cached_tokens is not None:
+            self.kv_hit_tokens_host[i] = request.kv_hit_tokens_host
+            self.kv_hit_tokens_disk[i] = request.kv_hit_tokens_disk
+            self.kv_load_bytes[i] = request.kv_load_bytes
+            self.kv_load_s[i] = request.kv_load_s
 
     def sample(
         self,
@@ -110,3 +136,25 @@ class Recorder:
         self.samples.append(
             (now, instance_id, num_running, num_waiting, num_prefilling, kv_usage, pending_prefill_tokens, total_tokens)
         )
+
+
+class HandoffRecords:
+    """Per request of a disaggregated cluster (columns only such runs have): where its
+    prefill ran and how its KV reached the decode instance. A request prefilled on its decode
+    instance (a bypass) keeps them null; one whose decode instance already cached every
+    whole prompt block has a transfer of 0 bytes and 0 s.
+
+    * `prefill_instance_id`: the prefill instance; `instance_id` is the decode instance;
+    * `prefill_done_at`: when the prefill instance computed the prompt (its own first token,
+      never shown to the client);
+    * `kv_transfer_start_at`: when the decode instance had allocated the blocks and the
+      transfer began (after any wait for room there: the prefill instance holds the KV
+      meanwhile); `kv_transfer_s`: first byte queued to last byte landed; `kv_transfer_bytes`.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.prefill_instance_id = np.full(n, -1, dtype=np.int64)
+        self.prefill_done_at = np.full(n, np.nan)
+        self.kv_transfer_start_at = np.full(n, np.nan)
+        self.kv_transfer_s = np.full(n, np.nan)
+        self.kv_transfer_bytes = np.full(n, -1, dtype=np.int64)

@@ -35,10 +35,10 @@ class Request:
 
     `block_hashes` are the engine-block (16-token) content hashes of the prompt's full blocks
     that the trace identifies, in order; see `lmsim.engine.kv_cache.engine_block_hashes`.
-    `kv_hashes` (engine only) continues them over the output: the hashes of every full block
-    of prompt + output - 1 tokens that the request's continuation names (see
-    `lmsim.workload.trace.continuation_rows`); it is `block_hashes` when nothing continues
-    the request.
+    `kv_hashes` (engine only) names every full block of prompt + output - 1 tokens: the
+    trace's ids, then those of the request's continuation (see
+    `lmsim.workload.trace.continuation_rows`), then synthetic names unique to the request
+    (`lmsim.engine.block_names`); without generated-block caching, the prompt's full blocks.
     """
 
     request_id: int
@@ -75,9 +75,26 @@ class Request:
     block_keys: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks that are cache entries (vLLM num_cached_block)
     kv_hashes: list[int] | None = None
+    # Leading kv_hashes another request may hit (trace or continuation names; default all).
+    # The scheduler caches the synthetic rest of the output in one run when it releases the
+    # request, not block by block as decodes fill them: nobody else can hit them meanwhile.
+    num_shared_blocks: int = -1
     pending_prefill: int = 0  # tokens counted in the instance's pending-prefill total
     finish_step: int = 0  # step counter value at whose end a decoding request finishes
     decoding: bool = False
+    # KV from a connector (lmsim.engine.connector): blocks being loaded, and whether the
+    # request waits holding loaded blocks (admitted next without a lookup).
+    kv_external_blocks: int = 0
+    kv_loaded: bool = False
+    kv_load_seq: int = 0  # loading order, so loaded requests keep their queue order
+    kv_held_extra: int = 0  # unnamed tail blocks a held (finished) request still holds
+    # Lower KV tiers (lmsim.engine.kv_tiers): tokens found in host memory and on disk at the
+    # first admission (-1: never looked up on an instance with tiers), and every load's bytes
+    # and seconds (submission to landing).
+    kv_hit_tokens_host: int = -1
+    kv_hit_tokens_disk: int = -1
+    kv_load_bytes: int = 0
+    kv_load_s: float = 0.0
     # The last prefix-cache match: valid while the cache's version and the cap are these.
     hit_memo_version: int = 0
     hit_memo_cap: int = -1
@@ -86,6 +103,8 @@ class Request:
     def __post_init__(self) -> None:
         if self.kv_hashes is None:
             self.kv_hashes = self.block_hashes
+        if self.num_shared_blocks < 0:
+            self.num_shared_blocks = len(self.kv_hashes)
 
     @property
     def num_tokens_target(self) -> int:

@@ -24,7 +24,13 @@ from lmsim.engine.metrics import (
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 # Identifiers that may be unknown: pandas' nullable Int64 in memory, int64 with nulls on
 # disk, never float64 with NaN (see study/rundir.py). Unknown is always null.
-NULLABLE_INT_COLUMNS = ("instance_id", "cached_tokens", "session_id", "class_id")
+NULLABLE_INT_COLUMNS = (
+    "instance_id", "cached_tokens", "session_id", "class_id", "prefill_instance_id", "kv_transfer_bytes",
+    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes",
+)
+# The columns only a disaggregated cluster's requests have (engine/metrics.py HandoffRecords),
+# after `instance_id` (there: the decode instance).
+HANDOFF_COLUMNS = ("prefill_instance_id", "prefill_done_at", "kv_transfer_start_at", "kv_transfer_s", "kv_transfer_bytes")
 
 
 def nullable_int(values: np.ndarray) -> pd.arrays.IntegerArray:
@@ -88,6 +94,17 @@ class Results:
             # into consolidated blocks cost ~180 MB at the peak of a 1M-request replay
             copy=False,
         )
+        if rec.handoffs is not None:
+            h = rec.handoffs
+            at = requests.columns.get_loc("instance_id") + 1
+            for k, name in enumerate(HANDOFF_COLUMNS):
+                values = getattr(h, name)
+                requests.insert(at + k, name, nullable_int(values) if name in NULLABLE_INT_COLUMNS else values)
+        if rec.kv_tiers:  # after reject_reason: the columns of a run without tiers keep their places
+            requests["kv_hit_tokens_host"] = nullable_int(rec.kv_hit_tokens_host)
+            requests["kv_hit_tokens_disk"] = nullable_int(rec.kv_hit_tokens_disk)
+            requests["kv_load_bytes"] = nullable_int(rec.kv_load_bytes)
+            requests["kv_load_s"] = rec.kv_load_s
         instances = pd.DataFrame(
             rec.samples,
             columns=[
@@ -104,6 +121,10 @@ class Results:
         summary = summarize(
             requests, rec.status, slo=sim.config.output.slo.model_dump(), num_instances=len(sim.instances)
         )
+        if rec.handoffs is not None:
+            summary.update(handoff_summary(requests, rec.status, sim.disagg.num_local_prefills))
+        if len(sim.pools) > 1:
+            summary.update(pool_busy_fractions(sim))
         summary["num_output_clipped"] = rec.num_output_clipped
         summary["max_model_len"] = sim.max_model_len
         summary.update(
@@ -120,6 +141,10 @@ class Results:
                 "policy": sim.config.router.policy,
             }
         )
+        if sim.kv_tiers:
+            from lmsim.engine.kv_tiers import tier_summary
+
+            summary.update(tier_summary(sim, requests))
         summary["requests_per_wall_s"] = (
             summary["num_finished"] / wall_time_s if wall_time_s > 0 else None
         )
@@ -168,6 +193,10 @@ def summarize(
     cached_total = cached.to_numpy(dtype=np.int64, na_value=0)[admitted].sum()
     first = float(cached_total / input_total) if input_total else 0.0
     summary["prefix_hit_ratio_first_admission"] = first
+    if "kv_hit_tokens_host" in requests:  # lower tiers: the tokens they served at first admission
+        for tier in ("host", "disk"):
+            hits = requests[f"kv_hit_tokens_{tier}"].to_numpy(dtype=np.int64, na_value=0)[admitted].sum()
+            summary[f"prefix_hit_ratio_first_admission_{tier}"] = float(hits / input_total) if input_total else 0.0
     # vLLM's prefix-cache hit rate (0.11 `KVCacheManager.get_computed_blocks`): hits over
     # tokens looked up, resumed requests' lookups included (vLLM 0.11 counted them with the
     # rest; 0.33 records them separately as `preempted_*`). Runs saved before these
@@ -181,6 +210,33 @@ def summarize(
     summary.update(_throughput_and_goodput(requests, status, slo or {"ttft_s": 2.0, "tpot_s": 0.1}))
     summary.update(_load_balance(requests, num_instances))
     return summary
+
+
+def handoff_summary(requests: pd.DataFrame, status: np.ndarray, num_local_prefills: int) -> dict[str, Any]:
+    """A disaggregated run's KV transfers, over finished requests that had one (a request
+    whose decode instance held the whole prompt counts with 0 bytes and 0 s)."""
+    done = status == FINISHED
+    seconds = requests["kv_transfer_s"].to_numpy(dtype=float)[done]
+    moved = requests["kv_transfer_bytes"].to_numpy(dtype=float, na_value=np.nan)[done]
+    had = ~np.isnan(seconds)
+    seconds, moved = seconds[had], moved[had]
+    return {
+        "num_kv_transfers": int(had.sum()),
+        "kv_transfer_s_mean": float(seconds.mean()) if len(seconds) else None,
+        "kv_transfer_s_p90": float(np.percentile(seconds, 90)) if len(seconds) else None,
+        "kv_transfer_bytes_mean": float(moved.mean()) if len(moved) else None,
+        "num_prefilled_on_decode": int(num_local_prefills),
+    }
+
+
+def pool_busy_fractions(sim: Any) -> dict[str, Any]:
+    """Per pool, the share of the run its instances spent computing steps."""
+    span = float(sim.last_activity_s)
+    out: dict[str, Any] = {}
+    for pool in sim.pools:
+        busy = sum(sim.instances[i].busy_time_s for i in pool.instance_ids)
+        out[f"busy_fraction_{pool.name}"] = busy / (span * pool.num_instances) if span > 0 else None
+    return out
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:

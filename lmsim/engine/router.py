@@ -17,19 +17,32 @@ import simpy
 
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex
+from lmsim.engine.kv_tiers import TieredKV
 from lmsim.engine.request import Request
+from lmsim.errors import PolicyError
 from lmsim.policies.base import Policy
 
 
 class LiveInstanceView:
     """A read-only window on one instance. Reading is side-effect free for the simulation."""
 
-    __slots__ = ("_instance", "_scheduler", "instance_id")
+    __slots__ = (
+        "_instance", "_scheduler", "_tiers", "cost_model", "instance_id", "max_num_batched_tokens",
+        "max_num_seqs", "pool", "role",
+    )
 
-    def __init__(self, instance: Instance) -> None:
+    def __init__(self, instance: Instance, tiers: TieredKV | None = None) -> None:
         self._instance = instance
+        self._tiers = tiers
         self._scheduler = instance.scheduler
         self.instance_id = instance.instance_id
+        # What the instance is, fixed for the run: mixed fleets price each on its own profile.
+        pool = instance.pool
+        self.pool = pool.name if pool is not None else "default"
+        self.role = pool.role if pool is not None else "both"
+        self.cost_model = instance.scheduler.cost_model
+        self.max_num_batched_tokens = instance.scheduler.max_num_batched_tokens
+        self.max_num_seqs = instance.scheduler.max_num_seqs
 
     @property
     def num_running(self) -> int:
@@ -77,6 +90,12 @@ class LiveInstanceView:
     def queued_prefills(self) -> list[tuple[int, int]]:
         return self._scheduler.queued_prefills()
 
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        """Seconds this instance takes to bring that many tokens from host memory and disk to
+        the GPU on idle lanes (0 without tiers)."""
+        tiers = self._tiers
+        return tiers.load_time_s(host_tokens, disk_tokens) if tiers is not None else 0.0
+
     def step_in_flight(self) -> tuple[float, list[int]]:
         """(seconds until the running step ends, prompt tokens it computes for each entry of
         `queued_prefills()`, in the same order)."""
@@ -99,12 +118,15 @@ class LiveClusterView:
         index: GlobalPrefixIndex,
         block_size: int,
         enable_prefix_caching: bool,
+        kv_tiers: dict[int, TieredKV] | None = None,
     ) -> None:
         self._env = env
-        self.instances = [LiveInstanceView(i) for i in instances]
+        self._tiers = kv_tiers or {}
+        self.instances = [LiveInstanceView(i, self._tiers.get(i.instance_id)) for i in instances]
         self._index = index
         self.block_size = block_size
         self._caching = enable_prefix_caching
+        self.has_kv_tiers = bool(self._tiers)
 
     @property
     def now(self) -> float:
@@ -117,8 +139,55 @@ class LiveClusterView:
         cap = (request.input_tokens - 1) // bs
         return [b * bs for b in self._index.match_blocks(request.block_hashes, cap)]
 
+    def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
+        """Per instance (GPU, host, disk) tokens of `request`'s prompt: the GPU prefix hit
+        (as `cached_prefix_tokens`), then the blocks continuing it in host memory, then those
+        continuing that on disk, up to the prompt's full blocks: what the instance's tiers
+        would load at admission now (lmsim.engine.kv_tiers)."""
+        gpu = self.cached_prefix_tokens(request)
+        if not self._tiers or not self._caching:
+            return [(g, 0, 0) for g in gpu]
+        bs = self.block_size
+        hashes = request.block_hashes
+        stop = min(len(hashes), request.input_tokens // bs)
+        out = []
+        for i, g in enumerate(gpu):
+            tiers = self._tiers.get(i)
+            if tiers is None:
+                out.append((g, 0, 0))
+                continue
+            host, disk = tiers.split(hashes, g // bs, stop)
+            out.append((g, host * bs, disk * bs))
+        return out
 
-class Router:
+    def catch_up_kv_tiers(self) -> None:
+        """Apply every tier store due by now (their KV events with it)."""
+        now = self._env.now
+        for tiers in self._tiers.values():
+            tiers.catch_up(now)
+
+
+class RouterBase:
+    """What every router keeps: the instances, the exact cluster view and the adapter that
+    turns it into what the policy knows (`router.view`), and the wall time decisions take."""
+
+    def __init__(self, instances: Sequence[Instance], cluster: LiveClusterView, policy: Any, adapter: Any) -> None:
+        self.instances = instances
+        self.cluster = cluster
+        self.policy = policy
+        self.adapter = adapter
+        self.num_decisions = 0
+        self.decision_wall_s = 0.0
+
+    def view(self) -> Any:
+        return self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
+
+    @property
+    def us_per_decision(self) -> float:
+        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0
+
+
+class Router(RouterBase):
     def __init__(
         self,
         instances: Sequence[Instance],
@@ -127,24 +196,23 @@ class Router:
         adapter: Any,
         on_dispatch: Callable[[Request, int], bool],
     ) -> None:
-        self.instances = instances
-        self.cluster = cluster
-        self.policy = policy
-        self.adapter = adapter
+        super().__init__(instances, cluster, policy, adapter)
         self._on_dispatch = on_dispatch
-        self.num_decisions = 0
-        self.decision_wall_s = 0.0
 
     def route(self, request: Request, now: float) -> int | None:
         """Choose an instance and submit the request there; None if it was rejected."""
         materialize_all(self.instances, now)
         started = time.perf_counter()
-        view = self.adapter.wrap(self.cluster) if self.adapter is not None else self.cluster
-        choice = self.policy.choose(request, view)
+        choice = self.policy.choose(request, self.view())
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
-        if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(self.instances):
-            raise RuntimeError(f"policy {self.policy.registry_name} chose invalid instance {choice!r}")
+        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < len(self.instances):
+            n = len(self.instances)
+            raise PolicyError(
+                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
+                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
+                f"(the cluster's {n} instances)"
+            )
         choice = int(choice)
         request.routed_at = now
         request.instance_id = choice
@@ -155,7 +223,3 @@ class Router:
             self.adapter.on_routed(request, choice)
         self.policy.on_routed(request, choice)
         return choice
-
-    @property
-    def us_per_decision(self) -> float:
-        return 1e6 * self.decision_wall_s / self.num_decisions if self.num_decisions else 0.0

@@ -34,7 +34,9 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import takewhile
 
+from lmsim.engine.connector import KVConnector
 from lmsim.engine.kv_cache import ANON, PrefixCache
 from lmsim.engine.request import Request, RequestState
 from lmsim.profile.base import StepCostModel
@@ -135,6 +137,15 @@ class InstanceScheduler:
         # Waiting requests dropped because they can never be admitted again (see
         # `_never_fits`); the instance collects them after each plan.
         self.rejected: list[Request] = []
+        # The KV connector seam (lmsim.engine.connector); None: no external KV at all.
+        self.connector: KVConnector | None = None
+        self.loading: dict[Request, None] = {}  # blocks allocated, bytes on their way
+        self.held: dict[Request, None] = {}  # finished, blocks kept for a reader
+        self._load_counter = 0
+        # Seconds a connector's synchronous loads add to the step that admits the request
+        # (LMCache's non-layerwise load runs before that step's forward); should the loaded
+        # request not fit after all, the next step that admits anything carries them.
+        self.step_extra_s = 0.0
 
     # -- views ---------------------------------------------------------------------------
 
@@ -144,7 +155,8 @@ class InstanceScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        # vLLM counts requests waiting for remote KV among the waiting ones
+        return len(self.waiting) + len(self.loading)
 
     @property
     def decode_context_tokens(self) -> int:
@@ -176,8 +188,11 @@ class InstanceScheduler:
     def queued_prefills(self) -> list[tuple[int, int]]:
         out = [(r.num_tokens_target - r.num_computed_tokens, r.num_computed_tokens) for r in self.prefilling]
         for r in self.waiting:
-            hit = self.hit_blocks(r) * self.block_size
+            hit = r.num_computed_tokens if r.kv_loaded else self.hit_blocks(r) * self.block_size
             out.append((r.num_tokens_target - hit, hit))
+        for r in self.loading:
+            done = self._loaded_tokens(r)
+            out.append((r.num_tokens_target - done, done))
         return out
 
     def outputs_of(self, request: Request) -> int:
@@ -220,8 +235,10 @@ class InstanceScheduler:
         plan = self._plan_aggregate(s, now, decodes_allocated)
         if plan is None:
             plan = self._plan_exact(s, now)
-        if not plan.num_tokens and self.is_idle:
-            self._alloc_through = s  # only a rejection happened: no step to run
+        if not plan.num_tokens and (self.is_idle or (not plan.preempted and (self.loading or self.held))):
+            # Only a rejection happened, or nothing fits until a load lands or held blocks
+            # are freed: no step to run; the connector's callback wakes the instance.
+            self._alloc_through = s
             return None
         plan.long_prefill_cap = self._cap
         self._alloc_through = s + 1
@@ -271,6 +288,10 @@ class InstanceScheduler:
         either; stepping then re-checks the head on the real state."""
         head = self.waiting[0]
         budget_left = self.max_num_batched_tokens - self.num_decoding
+        if self.connector is not None:
+            # What a connector can load changes with state outside this instance (another
+            # instance's prefill, a tier's copies): re-check the head at every step.
+            return 1
         if not self.enable_prefix_caching or budget_left <= 0 or len(self.running) >= self.max_num_seqs:
             return k  # blocked whatever the cache holds
         bs = self.block_size
@@ -383,18 +404,39 @@ class InstanceScheduler:
         self._alloc_through = end
 
     def _cache_filled_block(self, request: Request, st: int) -> None:
-        """A decoding request's KV fills block j at step st: make it a cache entry."""
+        """A decoding request's KV fills block j at step st: make it a cache entry (only
+        blocks others may hit; `_cache_private_blocks` caches the rest at release)."""
         j = (request.input_tokens + st - request.decode_base) // self.block_size - 1
-        hashes = request.kv_hashes
-        if j >= len(hashes) or j < request.num_cached_blocks:
+        shared = request.num_shared_blocks
+        if j >= shared or j < request.num_cached_blocks:
             return
         keys = request.block_keys
         if j == len(keys):
             keys.append(ANON)
-        self.cache.register_one(hashes, keys, j)
+        self.cache.register_one(request.kv_hashes, keys, j)
         request.num_cached_blocks = j + 1
-        if j + 1 >= len(hashes):
+        if j + 1 >= shared:
             self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
+
+    def _cache_private_blocks(self, request: Request) -> None:
+        """Before a decoding request releases its blocks: make the filled blocks that only
+        it can hit (synthetic names, past `num_shared_blocks`) cache entries, in one run.
+
+        Registering them step by step as decodes fill them (as vLLM does) gives the same
+        cache: while the request holds them they are in use, so no allocation evicts them,
+        and no other request looks them up; only the KV events of those blocks come at the
+        release instead. One C-level run instead of a Python call per block: on chatbot
+        traffic two thirds of the filled output blocks have no follow-up turn naming them."""
+        filled = (request.input_tokens + self._alloc_through - 1 - request.decode_base) // self.block_size
+        filled = min(filled, len(request.kv_hashes))
+        first = request.num_cached_blocks
+        if filled <= first:
+            return
+        keys = request.block_keys
+        if len(keys) < filled:
+            keys.extend([ANON] * (filled - len(keys)))
+        self.cache.register_range(request.kv_hashes, keys, first, filled)
+        request.num_cached_blocks = filled
 
     def _admission_blocked(self, budget_left: int) -> bool:
         """Would the head of the waiting queue fail to be admitted this step? (A head that
@@ -406,7 +448,12 @@ class InstanceScheduler:
         head = self.waiting[0]
         if self.watermark_blocks and self._never_fits(head):
             return False
-        return self._admission_need(head, budget_left)[3] > self.cache.num_free_blocks
+        need = self._admission_need(head, budget_left)
+        if self.connector is not None and not head.kv_loaded:
+            external = self.connector.external_blocks(self, head, need[0])
+            if external:
+                return self._load_need(head, need[0], external) > self.cache.num_free_blocks
+        return need[3] > self.cache.num_free_blocks
 
     def _never_fits(self, request: Request) -> bool:
         """Under `whole_prompt_watermark`, a request whose whole sequence so far needs more
@@ -441,6 +488,10 @@ class InstanceScheduler:
         Free hit blocks count in every rule: touching them takes them out of the free
         queue (vLLM `get_num_blocks_to_allocate` adds `num_evictable_blocks`)."""
         bs = self.block_size
+        if request.kv_loaded:  # holds its loaded blocks: no lookup, only the rest to allocate
+            q = self._chunk_size(request, budget_left)
+            new_blocks = self._new_blocks_for_chunk(request, q)
+            return len(request.block_keys), q, new_blocks, new_blocks
         hit_blocks = self.hit_blocks(request)
         hit = hit_blocks * bs
         target = request.num_tokens_target
@@ -549,7 +600,11 @@ class InstanceScheduler:
 
     def _step_time(self, plan: StepPlan) -> float:
         chunks = [(q, r.num_computed_tokens) for r, q in plan.chunks]
-        return self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        if self.step_extra_s:
+            seconds += self.step_extra_s
+            self.step_extra_s = 0.0
+        return seconds
 
     def _admit(self, plan: StepPlan, budget_left: int, now: float) -> None:
         cache = self.cache
@@ -559,7 +614,21 @@ class InstanceScheduler:
             if self.watermark_blocks and self._never_fits(request):
                 self._drop_waiting_head()
                 continue
+            if request.kv_loaded:
+                _held, q, new_blocks, consumed = self._admission_need(request, budget_left)
+                if consumed > cache.num_free_blocks:
+                    break
+                self.waiting.popleft()
+                request.kv_loaded = False
+                self._start_running(request, q, new_blocks, plan)
+                budget_left -= q
+                continue
             hit_blocks, q, new_blocks, consumed = self._admission_need(request, budget_left)
+            external = 0
+            if self.connector is not None:
+                external = self.connector.external_blocks(self, request, hit_blocks)
+                if external:
+                    consumed = self._load_need(request, hit_blocks, external)
             if consumed > cache.num_free_blocks:
                 break
             self.waiting.popleft()
@@ -573,17 +642,99 @@ class InstanceScheduler:
             if self.enable_prefix_caching:
                 request.lookup_tokens += request.num_tokens_target
                 request.lookup_hit_tokens += hit_blocks * bs
-            request.state = _RUNNING
-            self._admit_counter += 1
-            request.admit_seq = self._admit_counter
-            self.running.append(request)
-            self.prefilling.append(request)
-            self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
-            self._allocate_chunk(request, q, new_blocks)
-            plan.chunks.append((request, q))
-            plan.admitted.append(request)
-            plan.num_tokens += q
+            if external:
+                self._start_load(request, hit_blocks, external)
+                continue  # no tokens scheduled: the budget is untouched
+            self._start_running(request, q, new_blocks, plan)
             budget_left -= q
+
+    def _start_running(self, request: Request, q: int, new_blocks: int, plan: StepPlan) -> None:
+        """An admitted request joins the running batch with its first chunk of q tokens."""
+        request.state = _RUNNING
+        self._admit_counter += 1
+        request.admit_seq = self._admit_counter
+        self.running.append(request)
+        self.prefilling.append(request)
+        self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
+        self._allocate_chunk(request, q, new_blocks)
+        plan.chunks.append((request, q))
+        plan.admitted.append(request)
+        plan.num_tokens += q
+
+    # -- external KV (lmsim.engine.connector) ---------------------------------------------
+
+    def _load_need(self, request: Request, hit_blocks: int, external: int) -> int:
+        """Free blocks an admission that loads `external` blocks consumes: their blocks (no
+        tokens are scheduled now, vLLM `allocate_slots` with num_new_tokens 0) and those of
+        the first chunk after the load (see `_chunk_after_load`), plus the free hit blocks it
+        touches; `full_sequence` still demands room for the whole sequence."""
+        touched_free = self.cache.num_free_among(request.kv_hashes, hit_blocks)
+        need = external + self._chunk_after_load(request, hit_blocks + external)
+        if self.admission == "first_chunk":
+            return need + touched_free
+        full_blocks = -(-request.num_tokens_target // self.block_size) - hit_blocks
+        return max(need, full_blocks) + touched_free + self.watermark_blocks
+
+    def _chunk_after_load(self, request: Request, blocks: int) -> int:
+        """Blocks beyond the first `blocks` (hit and loaded) that the request's first chunk
+        after the load needs, reserved when the load starts. vLLM allocates only the loaded
+        blocks; then requests that wait, loaded, for one more block each can fill the pool
+        while nothing runs, and the instance stalls for good. Dynamo's mocker reserves this
+        completion headroom before a handoff (`destination_handoff_completion_headroom`)."""
+        loaded = min(blocks * self.block_size, request.num_tokens_target - 1)
+        q = request.num_tokens_target - loaded
+        if 0 < self.long_prefill_token_threshold < q:
+            q = self.long_prefill_token_threshold
+        q = min(q, self.max_num_batched_tokens)
+        return max(0, -(-(loaded + q) // self.block_size) - blocks)
+
+    def _loaded_tokens(self, request: Request) -> int:
+        """Tokens computed once a load lands: every hit and loaded block, one token fewer
+        when they cover them all (a token must be computed to sample one)."""
+        blocks = request.num_cached_blocks + request.kv_external_blocks
+        return min(blocks * self.block_size, request.num_tokens_target - 1)
+
+    def _start_load(self, request: Request, hit_blocks: int, external: int) -> None:
+        assert self.connector is not None
+        reserved = self._chunk_after_load(request, hit_blocks + external)
+        request.block_keys.extend(self.cache.allocate(external + reserved))
+        request.kv_external_blocks = external
+        self._load_counter += 1
+        request.kv_load_seq = self._load_counter
+        self.loading[request] = None
+        self._set_pending(request, request.num_tokens_target - self._loaded_tokens(request))
+        self.connector.start_load(self, request, hit_blocks, external)
+
+    def finish_load(self, request: Request) -> None:
+        """The connector's bytes have landed: the loaded blocks become cache entries and the
+        request waits at the front of the queue, behind requests loaded before it, holding
+        them (vLLM `_update_waiting_for_remote_kv`, then the skipped waiting requests are
+        prepended to the queue)."""
+        del self.loading[request]
+        computed = self._loaded_tokens(request)
+        blocks = request.num_cached_blocks + request.kv_external_blocks
+        if self.enable_prefix_caching:
+            last = min(blocks, len(request.kv_hashes))
+            if last > request.num_cached_blocks:
+                self.cache.register_range(request.kv_hashes, request.block_keys, request.num_cached_blocks, last)
+                request.num_cached_blocks = last
+        request.num_computed_tokens = computed
+        request.kv_loaded = True
+        ahead = 0
+        for queued in self.waiting:
+            if not queued.kv_loaded or queued.kv_load_seq > request.kv_load_seq:
+                break
+            ahead += 1
+        self.waiting.insert(ahead, request)
+        self._set_pending(request, request.num_tokens_target - request.num_computed_tokens)
+
+    def release_held(self, request: Request) -> None:
+        """Free a held request's blocks (its cache entries stay cached, as on any release)."""
+        del self.held[request]
+        self.cache.release(request.block_keys, request.kv_held_extra)
+        request.block_keys = []
+        request.num_cached_blocks = 0
+        request.kv_held_extra = 0
 
     def _allocate_chunk(self, request: Request, q: int, new_blocks: int) -> None:
         """Allocate a prefill chunk's blocks and make the blocks it fills cache entries."""
@@ -670,7 +821,11 @@ class InstanceScheduler:
 
     def _finish(self, request: Request, now: float, outcome: StepOutcome) -> None:
         self.running.remove(request)
-        self._release(request)
+        if self.connector is not None and self.connector.hold_on_finish(self, request):
+            request.kv_held_extra = self._blocks_held(request) - len(request.block_keys)
+            self.held[request] = None
+        else:
+            self._release(request)
         if request.decoding:
             self._stop_decoding(request)
         request.state = _FINISHED
@@ -684,7 +839,7 @@ class InstanceScheduler:
         request.decoding = True
         request.decode_base = base
         self._phase[(base + 1 - request.input_tokens) % self.block_size] += 1
-        if len(request.kv_hashes) > request.num_cached_blocks and self.enable_prefix_caching:
+        if request.num_shared_blocks > request.num_cached_blocks and self.enable_prefix_caching:
             self._fills[(base - request.input_tokens) % self.block_size][request] = None
         self.num_decoding += 1
         self._dec_sum_input += request.input_tokens
@@ -724,6 +879,8 @@ class InstanceScheduler:
         return len(request.block_keys)
 
     def _release(self, request: Request) -> None:
+        if request.decoding and self.enable_prefix_caching:
+            self._cache_private_blocks(request)
         held = self._blocks_held(request)
         self.cache.release(request.block_keys, held - len(request.block_keys))
         request.block_keys = []
@@ -744,7 +901,16 @@ class InstanceScheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.state = _WAITING
-        self.waiting.appendleft(request)
+        # Back to the front of the queue, but behind requests whose loaded blocks wait there
+        # (lmsim.engine.connector): they hold blocks, and a head that needs those blocks
+        # would otherwise wait for them forever once nothing runs.
+        ahead = 0
+        if self.connector is not None:
+            ahead = sum(1 for _ in takewhile(_is_loaded, self.waiting))
+        if ahead:
+            self.waiting.insert(ahead, request)
+        else:
+            self.waiting.appendleft(request)
         self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
 
     def _set_pending(self, request: Request, value: int) -> None:
@@ -760,3 +926,7 @@ _WAITING, _RUNNING, _FINISHED = RequestState.WAITING, RequestState.RUNNING, Requ
 
 def _admit_seq(request: Request) -> int:
     return request.admit_seq
+
+
+def _is_loaded(request: Request) -> bool:
+    return request.kv_loaded

@@ -8,6 +8,7 @@ comes from one `numpy.random.SeedSequence(config.seed)` spawned into independent
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,10 +16,13 @@ from typing import Any
 import numpy as np
 import simpy
 
-from lmsim.config import ExperimentConfig
+from lmsim.config import ExperimentConfig, PoolSpec
+from lmsim.engine.block_names import BlockNames
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.disagg import Disaggregation, DisaggRouter
 from lmsim.engine.instance import Instance, materialize_all
-from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache, engine_block_hashes
+from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
+from lmsim.engine.kv_tiers import build_kv_tiers
 from lmsim.engine.metrics import (
     EXCEEDS_KV_CACHE,
     PROMPT_TOO_LONG,
@@ -32,24 +36,29 @@ from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
-from lmsim.profile import StepCostModel, load_cost_model
-from lmsim.workload.trace import Trace, continuation_rows, continued_ids
+from lmsim.policies.disagg import check_policy_shape
+from lmsim.profile import StepCostModel, bind_kv_capacity, load_cost_model
+from lmsim.workload.trace import Trace
 
 PROGRESS_EVERY = 256  # arrivals between progress callbacks
 
 
 class _Context:
-    """The RouterContext handed to policies (see policies/base.py)."""
+    """The RouterContext handed to policies (see policies/base.py). Its scalar engine facts
+    are the first pool's; `cost_models` and each instance view carry every instance's own
+    (mixed fleets)."""
 
     def __init__(self, sim: Simulation, rng: np.random.Generator) -> None:
         cfg = sim.config.cluster
+        first = sim.pools[0].engine
         self._sim = sim
-        self.num_instances = cfg.num_instances
+        self.num_instances = len(sim.instances)
         self.block_size = cfg.block_size
-        self.max_num_batched_tokens = cfg.max_num_batched_tokens
-        self.max_num_seqs = cfg.max_num_seqs
+        self.max_num_batched_tokens = first["max_num_batched_tokens"]
+        self.max_num_seqs = first["max_num_seqs"]
         self.rng = rng
         self.cost_model = sim.cost_model
+        self.cost_models = [i.scheduler.cost_model for i in sim.instances]
 
     def now(self) -> float:
         return self._sim.env.now
@@ -63,6 +72,9 @@ class _Context:
     def subscribe_kv_events(self, callback: Callable[[int, int, bool, float], None]) -> None:
         self._sim.subscribe_kv_events(callback)
 
+    def subscribe_tier_kv_events(self, callback: Callable[[int, int, bool, float, str], None]) -> None:
+        self._sim.subscribe_tier_kv_events(callback)
+
     def record_event(self, kind: str, **fields: Any) -> None:
         self._sim.router_events.append({"time_s": self._sim.env.now, "kind": kind, **fields})
 
@@ -73,50 +85,88 @@ class Simulation:
         self.trace = trace
         cfg = config.cluster
         self.env = simpy.Environment()
-        self.cost_model = load_cost_model(cfg.profile)
-        self.num_blocks = self._kv_blocks()
-        # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
-        self.watermark_blocks = (
-            int(cfg.watermark_blocks_fraction * self.num_blocks)
-            if cfg.admission == "whole_prompt_watermark" else 0
-        )
+        self.pools = cfg.pool_specs()
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
+        self._tier_subscribers: list[Callable[[int, int, bool, float, str], None]] = []
         self.router_events: list[dict[str, Any]] = []
-        self.index = GlobalPrefixIndex(cfg.num_instances)
+        self.index = GlobalPrefixIndex(cfg.total_instances)
         self.recorder = Recorder(len(trace), trace.output_tokens)
-        self.max_model_len = cfg.max_model_len or getattr(self.cost_model, "max_model_len", None)
         self.check = config.simulation.check
         self._periodic: list[tuple[float, Callable[[float], None]]] = []
 
         self.instances: list[Instance] = []
-        for i in range(cfg.num_instances):
-            cache = PrefixCache(self.num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
-            scheduler = InstanceScheduler(
-                cache,
-                self.cost_model,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs,
-                long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                enable_prefix_caching=cfg.enable_prefix_caching,
-                fast_forward=config.simulation.fast_forward,
-                admission=cfg.admission,
-                watermark_blocks=self.watermark_blocks,
+        # One model is served by every pool: its context window is the smallest a pool sets.
+        windows = []
+        models: dict[str, StepCostModel] = {}
+        self.pool_cost_models: dict[str, StepCostModel] = {}  # as configured (invariants' truth)
+        for pool in self.pools:
+            engine = pool.engine
+            key = json.dumps(engine["profile"], sort_keys=True)
+            if key not in models:
+                models[key] = load_cost_model(engine["profile"])
+            num_blocks = self._kv_blocks(pool, models[key])
+            # a step model that depends on the KV pool's size gets this pool's
+            cost_model = bind_kv_capacity(models[key], num_blocks * cfg.block_size)
+            self.pool_cost_models[pool.name] = cost_model
+            # vLLM v0 / Vidur: int(fraction * blocks), under the rule that has a watermark only
+            watermark = (
+                int(engine["watermark_blocks_fraction"] * num_blocks)
+                if engine["admission"] == "whole_prompt_watermark" else 0
             )
-            self.instances.append(
-                Instance(self.env, i, scheduler, self._on_step_end, self._on_engine_rejected)
-            )
+            window = engine["max_model_len"] or getattr(cost_model, "max_model_len", None)
+            if window is not None:
+                windows.append(window)
+            # a prefill instance's requests are prefill legs: the disaggregation hears of them
+            on_step_end = self._on_prefill_step_end if pool.role == "prefill" else self._on_step_end
+            on_rejected = self._on_prefill_rejected if pool.role == "prefill" else self._on_engine_rejected
+            for i in pool.instance_ids:
+                cache = PrefixCache(num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
+                scheduler = InstanceScheduler(
+                    cache,
+                    cost_model,
+                    max_num_batched_tokens=engine["max_num_batched_tokens"],
+                    max_num_seqs=engine["max_num_seqs"],
+                    long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+                    enable_prefix_caching=engine["enable_prefix_caching"],
+                    fast_forward=config.simulation.fast_forward,
+                    admission=engine["admission"],
+                    watermark_blocks=watermark,
+                )
+                self.instances.append(
+                    Instance(self.env, i, scheduler, on_step_end, on_rejected, pool)
+                )
+        first = self.instances[0].scheduler
+        self.cost_model = first.cost_model
+        self.num_blocks = first.cache.num_total_blocks
+        self.watermark_blocks = first.watermark_blocks
+        self.max_model_len = min(windows) if windows else None
 
         seeds = np.random.SeedSequence(config.seed).spawn(2)
+        check_policy_shape(config.router.policy, cfg.is_disaggregated, where="router.policy")
         self.policy: Policy = POLICIES.create(
             config.router.policy, config.router.params, where="router.params"
         )
-        self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
+        self.disagg: Disaggregation | None = None
+        if cfg.is_disaggregated:
+            self.disagg = Disaggregation(self)
+            self.policy.bind(self.disagg.context(_Context(self, np.random.default_rng(seeds[0])), seeds[0]))
+        else:
+            self.policy.bind(_Context(self, np.random.default_rng(seeds[0])))
+        # host memory / disk below the GPU caches (lmsim.engine.kv_tiers); {} without tiers.
+        # After the disaggregation's connectors, which come first on their instances.
+        self.kv_tiers = build_kv_tiers(self)
+        if self.kv_tiers:
+            self.recorder.track_kv_tiers()
         self.adapter = self._view_adapter(np.random.default_rng(seeds[1]))
         cluster = LiveClusterView(
-            self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching
+            self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching, self.kv_tiers
         )
-        self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
+        self.router: Router | DisaggRouter
+        if self.disagg is not None:
+            self.router = DisaggRouter(self.disagg, cluster, self.policy, self.adapter)
+        else:
+            self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
 
         # Arrivals: open-loop rows in trace order, closed-loop rows once released.
         after = trace.column("after_id")
@@ -127,9 +177,10 @@ class Simulation:
         for row in np.flatnonzero(after >= 0).tolist():
             self._children.setdefault(int(after[row]), []).append(row)
         self._delay = trace.column("delay_s")
-        # whose prompt names each row's output blocks (generated tokens are cached)
-        self._continuation = (
-            continuation_rows(trace) if cfg.enable_prefix_caching else np.full(len(trace), -1)
+        # the content names of every full block a request fills
+        self.block_names = BlockNames(
+            trace, cfg.block_size, prefix_caching=cfg.enable_prefix_caching,
+            cache_generated_blocks=cfg.cache_generated_blocks,
         )
         self._session_id = trace.column("session_id")
         self._parent_id = trace.column("parent_id")
@@ -143,15 +194,14 @@ class Simulation:
         self.last_arrival_s = 0.0
         self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
-    def _kv_blocks(self) -> int:
-        cfg = self.config.cluster
-        if cfg.num_gpu_blocks is not None:
-            return cfg.num_gpu_blocks
-        blocks = self.cost_model.num_kv_blocks(cfg.block_size, cfg.gpu_memory_utilization)
+    def _kv_blocks(self, pool: PoolSpec, cost_model: StepCostModel) -> int:
+        engine = pool.engine
+        if engine["num_gpu_blocks"] is not None:
+            return engine["num_gpu_blocks"]
+        blocks = cost_model.num_kv_blocks(self.config.cluster.block_size, engine["gpu_memory_utilization"])
         if blocks is None:
-            raise ConfigError(
-                "cluster.num_gpu_blocks: required with a profile that has no memory facts"
-            )
+            field = "cluster.num_gpu_blocks" if self.config.cluster.pools is None else f"cluster.pools.{pool.name}.num_gpu_blocks"
+            raise ConfigError(f"{field}: required with a profile that has no memory facts")
         return blocks
 
     def _view_adapter(self, rng: np.random.Generator) -> Any:
@@ -182,6 +232,19 @@ class Simulation:
                 instance.kv_sink = self._publish_kv_event
             self.kv_listeners.append(self._on_cache_kv_event)
         self._kv_subscribers.append(callback)
+
+    def subscribe_tier_kv_events(self, callback: Callable[[int, int, bool, float, str], None]) -> None:
+        """`callback(instance_id, block_hash, stored, at, medium)` for every block an
+        instance's host memory (`medium` "cpu") or disk ("disk") gains or evicts, at the time
+        its copy lands or it is pushed out (lmsim.engine.kv_tiers)."""
+        if not self._tier_subscribers:
+            for tier in self.kv_tiers.values():
+                tier.publish = self._publish_tier_event
+        self._tier_subscribers.append(callback)
+
+    def _publish_tier_event(self, instance_id: int, block_hash: int, stored: bool, at: float, medium: str) -> None:
+        for callback in self._tier_subscribers:
+            callback(instance_id, block_hash, stored, at, medium)
 
     def _on_cache_kv_event(self, instance_id: int, block_hash: int, stored: bool) -> None:
         self.instances[instance_id].on_kv_event(block_hash, stored)
@@ -288,31 +351,21 @@ class Simulation:
         ids = trace.hash_ids(row)
         if ids.dtype != np.int64:  # a compact trace (Trace.compact): the engine keys on int64
             ids = ids.astype(np.int64)
-        bs = self.config.cluster.block_size
         input_tokens = int(trace.input_tokens[row])
         output_tokens = int(trace.output_tokens[row])
         limit = self.max_model_len
         clipped = limit is not None and input_tokens < limit < input_tokens + output_tokens
         if clipped:
             output_tokens = limit - input_tokens
-        prompt = engine_block_hashes(ids, trace.block_size, input_tokens, bs)
-        kv = prompt
-        cont = int(self._continuation[row])
-        if cont >= 0:
-            # Every full block of prompt + output - 1 tokens (the last sampled token never
-            # gets KV), named by the continuation where the prompt ends.
-            full = engine_block_hashes(
-                continued_ids(trace, row, cont), trace.block_size, input_tokens + output_tokens - 1, bs
-            )
-            if len(full) > input_tokens // bs:
-                prompt, kv = full[: input_tokens // bs], full
+        names = self.block_names.names(row, ids, input_tokens, output_tokens)
         request = Request(
             request_id=row,
             arrived_at=now,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            block_hashes=prompt,
-            kv_hashes=kv,
+            block_hashes=names.prompt,
+            kv_hashes=names.kv,
+            num_shared_blocks=names.shared,
             trace_hash_ids=ids,
             session_id=int(self._session_id[row]),
             parent_id=int(self._parent_id[row]),
@@ -329,7 +382,7 @@ class Simulation:
         if limit is not None and input_tokens >= limit:
             # vLLM's input processor refuses a prompt that leaves no room for one output
             # token (prompt_len >= max_model_len) before any router or engine sees it.
-            self._reject(request, PROMPT_TOO_LONG)
+            self.reject(request, PROMPT_TOO_LONG)
             return
         if clipped:
             # vLLM stops a request once prompt + output reaches max_model_len.
@@ -337,26 +390,42 @@ class Simulation:
         self.router.route(request, now)
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
-        cap = self.config.cluster.max_waiting
-        bs = self.config.cluster.block_size
-        # A request whose final context exceeds the whole KV pool could never finish (vLLM
-        # refuses it up front as longer than the model length); queueing it would livelock.
-        too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > self.num_blocks
-        # under a watermark the whole prompt must fit beside it, or it would wait forever
-        too_long |= -(-request.input_tokens // bs) + self.watermark_blocks > self.num_blocks
-        waiting = self.instances[instance_id].scheduler.num_waiting
-        if too_long or (cap is not None and waiting >= cap):
-            self._reject(request, EXCEEDS_KV_CACHE if too_long else QUEUE_FULL)
+        reason = self.dispatch_problem(request, instance_id)
+        if reason is not None:
+            self.reject(request, reason)
             return False
         return True
+
+    def dispatch_problem(self, request: Request, instance_id: int, *, queue: bool = True) -> int | None:
+        """Why `request` cannot be queued on the instance (a reject reason), or None. With
+        `queue=False` only whether it could ever fit there, not whether the queue has room."""
+        instance = self.instances[instance_id]
+        cap = instance.pool.engine["max_waiting"]
+        bs = self.config.cluster.block_size
+        scheduler = instance.scheduler
+        num_blocks = scheduler.cache.num_total_blocks
+        # A request whose final context exceeds the whole KV pool could never finish (vLLM
+        # refuses it up front as longer than the model length); queueing it would livelock.
+        too_long = -(-(request.input_tokens + request.output_tokens - 1) // bs) > num_blocks
+        # under a watermark the whole prompt must fit beside it, or it would wait forever
+        too_long |= -(-request.input_tokens // bs) + scheduler.watermark_blocks > num_blocks
+        if too_long:
+            return EXCEEDS_KV_CACHE
+        if queue and cap is not None and scheduler.num_waiting >= cap:
+            return QUEUE_FULL
+        return None
 
     def _on_engine_rejected(self, request: Request) -> None:
         """An instance dropped a waiting request that can never be admitted again; the
         router hears of it as of a finished one (its in-flight counters)."""
-        self._reject(request, RESUME_EXCEEDS_KV_CACHE)
+        self.reject(request, RESUME_EXCEEDS_KV_CACHE)
         self.policy.on_finished(request)
 
-    def _reject(self, request: Request, reason: int) -> None:
+    def _on_prefill_rejected(self, leg: Request) -> None:
+        assert self.disagg is not None
+        self.disagg.on_leg_rejected(leg)
+
+    def reject(self, request: Request, reason: int) -> None:
         request.state = RequestState.REJECTED
         self.recorder.rejected(request, reason)
         self.live -= 1
@@ -378,6 +447,15 @@ class Simulation:
             stack.extend(self._children.pop(stack.pop(), ()))
 
     # -- step ends -----------------------------------------------------------------------
+
+    def _on_prefill_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
+        assert self.disagg is not None
+        self.last_activity_s = now
+        self.disagg.on_prefill_step_end(outcome, now)
+        if self.check:
+            from lmsim.engine.invariants import check_step
+
+            check_step(self, instance, plan, outcome, now)
 
     def _on_step_end(self, instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
         self.last_activity_s = now
@@ -419,8 +497,14 @@ class Simulation:
             check_end(self)
         for instance in self.instances:
             instance.materialize()
-            for request in [*instance.scheduler.running, *instance.scheduler.waiting]:
+            s = instance.scheduler
+            for request in [*s.running, *s.waiting, *s.loading]:
                 request.num_output_done = instance.scheduler.outputs_of(request)
+                if self.disagg is not None and instance.pool.role == "prefill":
+                    request = self.disagg.client_of(request)  # still prefilling: its leg's stats
+                self.recorder.store(request)
+        if self.disagg is not None:
+            for request in self.disagg.clients_in_handover():
                 self.recorder.store(request)
         return Results.from_simulation(self, wall)
 

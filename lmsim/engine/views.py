@@ -17,6 +17,10 @@ switches:
     precise). vLLM publishes the events of a step when it processes the step's output
     (`Scheduler.update_from_output`), so an event is stamped with the end of the step that
     scheduled the block, and a delay of 0 still shows a block only once its step is done.
+    With lower KV tiers the replica also keeps the host-memory ("cpu") and disk events,
+    which carry their medium as vLLM's connector events do (`BlockStored.medium`) and are
+    stamped when a copy lands or a tier evicts (lmsim.engine.kv_tiers); Dynamo and llm-d
+    index them per medium the same way.
 * `load_view` — the per-instance load fields (`num_running`, `num_waiting`, `batch_size`,
   `pending_prefill_tokens`, `kv_usage`, `queued_prefills()`, ...):
   - `exact` (default): live at decision time;
@@ -28,6 +32,8 @@ keep those themselves, exact at dispatch, as the real routers do.
 
 Approximate and event views apply the engine's cap (a hit covers at most
 `(input_tokens - 1) // block_size` blocks) so that modes differ only in what they know.
+`cached_prefix_tokens_by_tier` (GPU, host, disk tokens per instance) follows `kv_view` too;
+the approximate index knows only where prompts were sent, so it reports no lower-tier hits.
 """
 
 from __future__ import annotations
@@ -109,38 +115,65 @@ class EventPrefixIndex:
     def __init__(self, num_instances: int, delay_s: float) -> None:
         self.n = num_instances
         self.delay_s = delay_s
-        self._holders: dict[int, int] = {}
-        self._pending: list[tuple[float, int, int, int, bool]] = []
+        self._holders: dict[int, int] = {}  # the GPU caches
+        self._tier_holders: dict[str, dict[int, int]] = {"cpu": {}, "disk": {}}
+        self._pending: list[tuple[float, int, int, int, bool, str | None]] = []
         self._seq = 0
 
     def on_event(self, instance_id: int, block_hash: int, stored: bool, published_at: float) -> None:
         self._seq += 1
         heapq.heappush(
-            self._pending, (published_at + self.delay_s, self._seq, instance_id, block_hash, stored)
+            self._pending, (published_at + self.delay_s, self._seq, instance_id, block_hash, stored, None)
         )
 
-    def _apply(self, instance_id: int, block_hash: int, stored: bool) -> None:
+    def on_tier_event(self, instance_id: int, block_hash: int, stored: bool, published_at: float, medium: str) -> None:
+        self._seq += 1
+        heapq.heappush(
+            self._pending, (published_at + self.delay_s, self._seq, instance_id, block_hash, stored, medium)
+        )
+
+    def _apply(self, instance_id: int, block_hash: int, stored: bool, medium: str | None = None) -> None:
+        holders = self._holders if medium is None else self._tier_holders[medium]
         bit = 1 << instance_id
         if stored:
-            self._holders[block_hash] = self._holders.get(block_hash, 0) | bit
+            holders[block_hash] = holders.get(block_hash, 0) | bit
         else:
-            mask = self._holders.get(block_hash, 0) & ~bit
+            mask = holders.get(block_hash, 0) & ~bit
             if mask:
-                self._holders[block_hash] = mask
+                holders[block_hash] = mask
             else:
-                self._holders.pop(block_hash, None)
+                holders.pop(block_hash, None)
 
     def catch_up(self, now: float) -> None:
         pending = self._pending
         while pending and pending[0][0] <= now:
-            _, _, iid, h, stored = heapq.heappop(pending)
-            self._apply(iid, h, stored)
+            _, _, iid, h, stored, medium = heapq.heappop(pending)
+            self._apply(iid, h, stored, medium)
 
     def match_tokens(self, request: Request, block_size: int, now: float) -> list[int]:
         self.catch_up(now)
         limit = min(len(request.block_hashes), capped_blocks(request, block_size))
         blocks = leading_matches(request.block_hashes, limit, self.n, self._holders.get)
         return [b * block_size for b in blocks]
+
+    def match_tokens_by_tier(self, request: Request, block_size: int, now: float) -> list[tuple[int, int, int]]:
+        """Per instance: its GPU prefix, then the blocks continuing it in host memory, then
+        those continuing that on disk (Dynamo's `query_lower_tiers` walk), in tokens."""
+        gpu = self.match_tokens(request, block_size, now)
+        hashes = request.block_hashes
+        stop = min(len(hashes), request.input_tokens // block_size)
+        cpu, disk = self._tier_holders["cpu"], self._tier_holders["disk"]
+        out = []
+        for i, g in enumerate(gpu):
+            bit = 1 << i
+            j = g // block_size
+            while j < stop and cpu.get(hashes[j], 0) & bit:
+                j += 1
+            k = j
+            while k < stop and disk.get(hashes[k], 0) & bit:
+                k += 1
+            out.append((g, (j - g // block_size) * block_size, (k - j) * block_size))
+        return out
 
 
 class _InstanceProxy:
@@ -187,6 +220,13 @@ class _AdaptedCluster:
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         return list(self._adapter._cached_vector(request))
 
+    @property
+    def has_kv_tiers(self) -> bool:
+        return bool(getattr(self._base, "has_kv_tiers", False))
+
+    def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
+        return list(self._adapter._by_tier_vector(request))
+
 
 class ViewAdapter:
     """Turns the engine's exact cluster view into the router's view (see module docstring).
@@ -225,6 +265,7 @@ class ViewAdapter:
         self._wrapped: _AdaptedCluster | None = None
         self._snapshots: list[dict] | None = None
         self._memo: tuple[int, float, list[int]] | None = None
+        self._tier_memo: tuple[int, float, list[tuple[int, int, int]]] | None = None
 
     @property
     def is_exact(self) -> bool:
@@ -239,6 +280,9 @@ class ViewAdapter:
         elif self.kv_view == "events":
             self.events = EventPrefixIndex(ctx.num_instances, self.kv_event_delay_s)
             ctx.subscribe_kv_events(self.events.on_event)
+            subscribe_tiers = getattr(ctx, "subscribe_tier_kv_events", None)
+            if subscribe_tiers is not None:
+                subscribe_tiers(self.events.on_tier_event)
         if self.load_view == "scraped":
             ctx.every(self.scrape_interval_s, self._scrape)
 
@@ -275,24 +319,43 @@ class ViewAdapter:
         assert self._wrapped is not None
         return self._wrapped  # type: ignore[return-value]
 
-    def _cached_vector(self, request: Request) -> list[int]:
+    def _remember(self, slot: str, request: Request, match: Any) -> Any:
+        """`match(request, base, now)`, kept in `slot` while the request and the time are the
+        same (a policy asks several times per decision)."""
         base = self._base
         assert base is not None
         now = base.now
-        memo = self._memo
+        memo = getattr(self, slot)
         if memo is not None and memo[0] == request.request_id and memo[1] == now:
             return memo[2]
-        if self.approx is not None:
-            out = self.approx.match_tokens(request, base.block_size, now)
-        elif self.events is not None:
-            out = self.events.match_tokens(request, base.block_size, now)
-        else:
-            out = base.cached_prefix_tokens(request)
-        self._memo = (request.request_id, now, out)
+        out = match(request, base, now)
+        setattr(self, slot, (request.request_id, now, out))
         return out
+
+    def _cached_vector(self, request: Request) -> list[int]:
+        return self._remember("_memo", request, self._match_gpu)
+
+    def _match_gpu(self, request: Request, base: ClusterView, now: float) -> list[int]:
+        if self.approx is not None:
+            return self.approx.match_tokens(request, base.block_size, now)
+        if self.events is not None:
+            return self.events.match_tokens(request, base.block_size, now)
+        return base.cached_prefix_tokens(request)
+
+    def _by_tier_vector(self, request: Request) -> list[tuple[int, int, int]]:
+        return self._remember("_tier_memo", request, self._match_tiers)
+
+    def _match_tiers(self, request: Request, base: ClusterView, now: float) -> list[tuple[int, int, int]]:
+        if self.approx is not None:
+            return [(c, 0, 0) for c in self._cached_vector(request)]
+        if self.events is not None:
+            base.catch_up_kv_tiers()  # type: ignore[attr-defined]  # the tiers' events due by now
+            return self.events.match_tokens_by_tier(request, base.block_size, now)
+        return base.cached_prefix_tokens_by_tier(request)
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         if self.approx is not None:
             assert self.ctx is not None
             self.approx.insert(request.block_hashes, instance_id, self.ctx.now())
             self._memo = None
+            self._tier_memo = None

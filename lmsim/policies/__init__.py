@@ -8,6 +8,7 @@ the views they are given.
 
 from lmsim.policies import (  # noqa: F401  (registration side effects)
     cache_aware,
+    disagg,
     filter,
     jsq,
     linear,

@@ -109,7 +109,11 @@ def capped_blocks(request: Request, block_size: int) -> int:
     return max(0, (request.input_tokens - 1) // block_size)
 
 
-def estimator_cost_model(ctx: Any, profile: Any) -> Any:
-    """The step-cost model a predictive policy prices with: the engine's own (a well-tuned
-    simulator) unless the policy names another profile (an untuned one)."""
-    return ctx.cost_model if profile is None else ctx.load_cost_model(profile)
+def estimator_cost_models(ctx: Any, profile: Any) -> list[Any]:
+    """The step-cost model a predictive policy prices each instance with, by position: each
+    instance's own (a well-tuned simulator; in a mixed fleet every pool's own profile)
+    unless the policy names another profile (an untuned one, then used for all)."""
+    if profile is None:
+        return list(ctx.cost_models)
+    model = ctx.load_cost_model(profile)
+    return [model] * ctx.num_instances

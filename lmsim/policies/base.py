@@ -28,6 +28,11 @@ from lmsim.registry import Registry
 
 class InstanceView(Protocol):
     instance_id: int
+    pool: str  # the pool's name ("default" without cluster.pools)
+    role: str  # both | prefill | decode
+    cost_model: Any  # the instance's own StepCostModel (mixed fleets differ per pool)
+    max_num_batched_tokens: int  # the instance's engine limits
+    max_num_seqs: int
     num_running: int  # R: requests in the running batch, including partial prefills
     num_waiting: int  # Q: requests in the waiting queue
     batch_size: int  # R + Q, the paper's BS
@@ -54,13 +59,25 @@ class InstanceView(Protocol):
         computing for each entry of `queued_prefills()`)."""
         ...
 
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        """Seconds the instance takes to bring that many tokens from its host memory and disk
+        to the GPU on idle lanes (0 without lower KV tiers)."""
+        ...
+
 
 class ClusterView(Protocol):
     instances: Sequence[InstanceView]
     now: float
     block_size: int
+    has_kv_tiers: bool  # some instance keeps KV in host memory or on disk (lmsim.engine.kv_tiers)
 
     def cached_prefix_tokens(self, request: Request) -> list[int]: ...
+
+    def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
+        """Per instance (GPU, host, disk) tokens: the GPU prefix hit (as
+        `cached_prefix_tokens`), then the tokens continuing it in host memory, then those
+        continuing that on disk: what the instance would load instead of computing."""
+        ...
 
 
 class RouterContext(Protocol):
@@ -68,10 +85,11 @@ class RouterContext(Protocol):
 
     num_instances: int
     block_size: int
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int  # the first pool's limits; each InstanceView carries its own
     max_num_seqs: int
     rng: np.random.Generator  # the policy's own seeded stream
-    cost_model: Any  # the engine's StepCostModel
+    cost_model: Any  # the first pool's StepCostModel (the only one without cluster.pools)
+    cost_models: Sequence[Any]  # every instance's own StepCostModel, by position (mixed fleets)
 
     def now(self) -> float: ...
 

@@ -92,12 +92,13 @@ class Dynamo(Policy):
     decode_active_request_weight = 0, temperature 0; ties go to a uniformly random minimum
     (reservoir sampling over the workers). With those defaults it is the formula above.
     Parity (first 40 min of the Kimi conversation trace, 16 workers x 17,500 blocks of 16,
-    8,192 batched tokens; token-weighted prefix hit): Dynamo's offline replay 0.146 (round
-    robin 0.054); lmsim `dynamo` 0.157 / 0.157 / 0.147 over seeds 0-2 (mean 0.154; round
-    robin 0.054) on `h100/qwen2-7b`, whose step times are close to Dynamo's mocker (mean
-    TTFT 0.26 vs 0.24 s, TPOT 7.8 vs 8.6 ms). The hit ratio depends on load: on the slower
-    `h20/qwen3-30b-a3b` profile the same trace gives 0.128, because longer-lived requests
-    hold more active blocks and push requests away from their cache.
+    8,192 batched tokens; token-weighted prefix hit; `benchmarks/against_dynamo.py
+    --outputs`): Dynamo's offline replay 0.150 (round robin 0.054); lmsim `dynamo` 0.155 /
+    0.160 / 0.151 over seeds 0-2 (mean 0.155; round robin 0.054) on `h100/qwen2-7b`, whose
+    step times are close to Dynamo's mocker (mean TTFT 0.27 vs 0.24 s, TPOT 7.8 vs 8.5 ms).
+    The hit ratio depends on load: on the slower `h20/qwen3-30b-a3b` profile the same trace
+    gives 0.131 (seed 0), because longer-lived requests hold more active blocks and push
+    requests away from their cache.
 
     Router-local state (exact at dispatch, as in Dynamo's `ActiveSequences`):
       * active_prefill_tokens_w: uncached prompt tokens of requests routed to w, released at
@@ -111,13 +112,34 @@ class Dynamo(Policy):
     `--no-kv-events` mode. The engine caps a hit at `input − 1` tokens; Dynamo's indexer does
     not, which only matters when a whole prompt is cached.
 
+    Lower KV tiers (KVBM; lmsim.engine.kv_tiers). Dynamo's KV events carry a storage tier
+    (`StorageTier::{Device, HostPinned, Disk}`, from vLLM's `medium`), its indexer walks the
+    prompt on the device, then continues on host memory, then on disk (`query_lower_tiers`),
+    and the selector credits the continuation at lower weights
+    (`lib/kv-router/src/scheduling/selector/default.rs`, `DefaultScorer::score`):
+    logit = prefill_load_scale · max(0, raw_prefill_blocks − (device + host_cache_hit_weight ·
+    host + disk_cache_hit_weight · disk)) + decode blocks, defaults 0.75 and 0.25
+    (`KvRouterConfig`). A routed request's active prefill tokens are its prompt minus that
+    weighted overlap rounded up to whole blocks (the mocker reports 1,392 device + 0.75 x
+    2,704 host tokens as 3,424, peer_research.md §A.3). Dynamo's offline replay (the mocker)
+    credits host blocks but never disk ones: `disk_cache_hit_weight: 0` reproduces it. With
+    no tiers in the cluster nothing of this runs.
+
     Params:
       overlap_score_weight=1.0 (>= 0)
       temperature=0.0: 0 = greedy with uniformly random ties; > 0 samples w with
         P ∝ exp(−(logit − min)/((max − min)·T)), uniform if all logits are equal.
       track_active_blocks=True, track_prefill_tokens=True: Dynamo's
         `router_track_active_blocks` / `router_track_prefill_tokens`; off drops the term.
-    Not modelled: `router_queue_threshold` (off), host/disk tier credits, replica sync.
+      overlap_score_credit=1.0 (>= 0): the weight of the cached blocks in the prefill term,
+        `max(0, isl − credit·cached)`; 0 makes the router overlap-blind.
+      assume_kv_reuse=True: a request's blocks shared with live requests on the worker count
+        once (Dynamo `router_assume_kv_reuse`); False counts every request's blocks as its own.
+      (Dynamo's disaggregated decode router sets credit 0, assume_kv_reuse false and
+      track_prefill_tokens false: `build_decode_router_override` in its frontend.)
+      host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25 (>= 0): credit per host / disk
+        block continuing the device prefix.
+    Not modelled: `router_queue_threshold` (off), replica sync.
     """
 
     def __init__(
@@ -127,8 +149,16 @@ class Dynamo(Policy):
         temperature: float = 0.0,
         track_active_blocks: bool = True,
         track_prefill_tokens: bool = True,
+        overlap_score_credit: float = 1.0,
+        assume_kv_reuse: bool = True,
+        host_cache_hit_weight: float = 0.75,
+        disk_cache_hit_weight: float = 0.25,
     ) -> None:
         self.w = check_number("overlap_score_weight", overlap_score_weight, lo=0)
+        self.credit = check_number("overlap_score_credit", overlap_score_credit, lo=0)
+        self.reuse = check_bool("assume_kv_reuse", assume_kv_reuse)
+        self.host_w = check_number("host_cache_hit_weight", host_cache_hit_weight, lo=0)
+        self.disk_w = check_number("disk_cache_hit_weight", disk_cache_hit_weight, lo=0)
         self.temperature = check_number("temperature", temperature, lo=0)
         self.track_blocks = check_bool("track_active_blocks", track_active_blocks)
         self.track_prefill = check_bool("track_prefill_tokens", track_prefill_tokens)
@@ -167,19 +197,30 @@ class Dynamo(Policy):
         self._ensure(n)
         bsz = cluster.block_size
         isl = request.input_tokens
-        cached = cluster.cached_prefix_tokens(request)
-        self._last = (request.request_id, cached)
+        lower: list[float] | None = None
+        if getattr(cluster, "has_kv_tiers", False):
+            by_tier = cluster.cached_prefix_tokens_by_tier(request)
+            cached = [g for g, _, _ in by_tier]
+            lower = [self.host_w * h + self.disk_w * d for _, h, d in by_tier]  # credited tokens
+            # active prefill counts the prompt minus the weighted overlap, in whole blocks
+            routed = [min(isl, math.ceil((g + c) / bsz) * bsz) for g, c in zip(cached, lower)]
+        else:
+            cached = routed = cluster.cached_prefix_tokens(request)
+        self._last = (request.request_id, routed)
         hashes = request.block_hashes
         total_blocks = isl // bsz  # complete blocks: a partial tail is prefill work only
         w = self.w
+        credit = self.credit
         logits = []
         for i in range(n):
-            new_tokens = max(0, isl - cached[i])
+            new_tokens = max(0, isl - cached[i]) if credit == 1.0 else max(0.0, isl - credit * cached[i])
             prefill = new_tokens + (self.active_prefill[i] if self.track_prefill else 0)
+            if lower is not None:
+                prefill = max(0.0, prefill - lower[i])
             logit = w * prefill / bsz
             if self.track_blocks:
                 active = self.active_blocks[i]
-                shared = self._shared_leading(active, hashes) if active else 0
+                shared = self._shared_leading(active, hashes) if active and self.reuse else 0
                 logit += len(active) + self.active_unique[i] + (total_blocks - shared)
             logits.append(logit)
         return logits
@@ -208,7 +249,8 @@ class Dynamo(Policy):
         if self._last is not None and self._last[0] == request.request_id:
             cached = self._last[1][instance_id]
         prefill = max(0, request.input_tokens - cached)
-        hashes = list(request.block_hashes)
+        # without KV reuse every block of the request is its own (nothing to share)
+        hashes = list(request.block_hashes) if self.reuse else []
         active = self.active_blocks[instance_id]
         for h in hashes:
             active[h] = active.get(h, 0) + 1

@@ -34,6 +34,33 @@ def lmetric_pick(
     return pick_min([p * b for p, b in zip(p_tokens, batch_sizes)], tie_break, rng, start)
 
 
+def cached_and_tiers(
+    request: Request, cluster: ClusterView
+) -> tuple[list[int], list[tuple[int, int, int]] | None]:
+    """GPU hits per instance, and (GPU, host, disk) per instance when the cluster has tiers."""
+    if getattr(cluster, "has_kv_tiers", False):
+        by_tier = cluster.cached_prefix_tokens_by_tier(request)
+        return [g for g, _, _ in by_tier], by_tier
+    return cluster.cached_prefix_tokens(request), None
+
+
+def tier_credits(instances: Sequence[Any], by_tier: list[tuple[int, int, int]]) -> list[float]:
+    """Per instance, the prefill tokens its lower-tier hit saves: T · (1 − f), with f the
+    load time over the time computing the T tokens would take, 1 − f clamped to [0, 1]
+    (see LMetric's docstring)."""
+    out = []
+    for v, (g, h, d) in zip(instances, by_tier):
+        tier = h + d
+        if not tier:
+            out.append(0.0)
+            continue
+        q = min(tier, v.max_num_batched_tokens)
+        per_token = v.cost_model.step_time([(q, g)], 0, 0) / q
+        f = v.kv_load_time_s(h, d) / (tier * per_token)
+        out.append(tier * min(1.0, max(0.0, 1.0 - f)))
+    return out
+
+
 @POLICIES.register("lmetric")
 class LMetric(Policy):
     """LMetric (policies.md §9a): `score_i = P_token_i × BS_i`, routed to the minimum.
@@ -70,6 +97,20 @@ class LMetric(Policy):
         instead (Figure 19).
     Scores are integer products by default, so the decision is exactly invariant to
     rescaling either factor (tested as a property).
+
+    Lower KV tiers (lmsim.engine.kv_tiers; the paper has none). The P-token counts the
+    prefill tokens instance i would compute; tokens found in its host memory or on disk
+    (T_i = host_i + disk_i, continuing the GPU hit g_i) are not computed but loaded, which
+    takes load_i seconds (`InstanceView.kv_load_time_s`: the host-to-GPU copy, after a disk
+    read for disk tokens, on idle lanes). Priced in prefill tokens of the same duration,
+    with t_pf,i the per-token time of computing them (the instance's own cost model: a chunk
+    of min(T_i, max_num_batched_tokens) tokens at context g_i, step overhead included, per
+    token), a tier token counts as f_i = load_i / (T_i · t_pf,i) of a prefill token, so
+      P_i = pending_i + (isl − g_i) − T_i · (1 − f_i),
+    with 1 − f_i clamped to [0, 1]: a load slower than recomputing is priced as a miss (the
+    engine would still load it; the router then prefers it no more than an instance without
+    the blocks). `request` P-token drops pending_i; `miss_ratio` is P_request / isl. Without
+    tiers in the cluster the integer scores above are used unchanged.
     """
 
     def __init__(
@@ -99,11 +140,20 @@ class LMetric(Policy):
     }
 
     def factors(
-        self, request: Request, cluster: ClusterView, cached: list[int]
+        self, request: Request, cluster: ClusterView, cached: list[int],
+        by_tier: list[tuple[int, int, int]] | None = None,
     ) -> tuple[list[int], list[int]]:
         inst = cluster.instances
         isl = request.input_tokens
-        if self.kv_indicator == "miss_ratio":
+        if by_tier is not None:
+            saved = tier_credits(inst, by_tier)
+            if self.kv_indicator == "miss_ratio":
+                p = [1.0 - (c + t) / isl for c, t in zip(cached, saved)]
+            elif self.p_token == "instance_total":
+                p = [v.pending_prefill_tokens + isl - c - t for v, c, t in zip(inst, cached, saved)]
+            else:
+                p = [isl - c - t for c, t in zip(cached, saved)]
+        elif self.kv_indicator == "miss_ratio":
             p = [1.0 - c / isl for c in cached]
         elif self.p_token == "instance_total":
             p = [v.pending_prefill_tokens + isl - c for v, c in zip(inst, cached)]
@@ -127,7 +177,8 @@ class LMetric(Policy):
         return lmetric_pick(p, bs, self.ctx.rng, self.tie_break, start)
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        p, bs = self.factors(request, cluster, cluster.cached_prefix_tokens(request))
+        cached, by_tier = cached_and_tiers(request, cluster)
+        p, bs = self.factors(request, cluster, cached, by_tier)
         return self._pick(p, bs)
 
     def on_routed(self, request: Request, instance_id: int) -> None:
@@ -254,8 +305,8 @@ class LMetricHotspot(LMetric):
         now = cluster.now
         if self._first_seen is None:
             self._first_seen = now
-        cached = cluster.cached_prefix_tokens(request)
-        p, bs = self.factors(request, cluster, cached)
+        cached, by_tier = cached_and_tiers(request, cluster)
+        p, bs = self.factors(request, cluster, cached, by_tier)
         cls = self.request_class(request)
         self._expire(now)
         self._refresh(now)

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_number, estimator_cost_model
+from lmsim.policies._common import check_number
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 from lmsim.policies.predictive import estimate_ttft
 
@@ -34,7 +34,8 @@ class PolyServe(Policy):
       default_slo_class=0: the class of requests whose trace has no SLO label (slo_class -1)
         or a label beyond the list.
       bin_fractions=None: per class (same order as slo_classes) share of the instances.
-      estimator_profile=None: the engine's profile, or another profile spec.
+      estimator_profile=None: each instance's own profile and engine limits (a mixed
+        fleet's pools differ), or another profile spec for every instance.
     """
 
     def __init__(
@@ -75,7 +76,10 @@ class PolyServe(Policy):
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
+        # None: each instance is priced with its own profile (a mixed fleet's pools differ)
+        self.cost_model: Any = (
+            None if self.estimator_profile is None else ctx.load_cost_model(self.estimator_profile)
+        )
         self.bins = self.make_bins(ctx.num_instances)
 
     def make_bins(self, n: int) -> list[list[int]]:
@@ -105,24 +109,24 @@ class PolyServe(Policy):
     def choose(self, request: Request, cluster: ClusterView) -> int:
         if not self.bins:
             self.bins = self.make_bins(len(cluster.instances))
-        ctx = self.ctx
         cls = self.request_class(request)
         cached = cluster.cached_prefix_tokens(request)
         inst = cluster.instances
         isl = request.input_tokens
-        cm = self.cost_model
+        fixed = self.cost_model
         ttft_slo, tpot_slo = self.slo[cls]
 
         def ttft(i: int, give_up_above: float) -> float:
+            v = inst[i]
             return estimate_ttft(
-                inst[i], isl - cached[i], cached[i], cm, ctx.max_num_batched_tokens,
-                ctx.max_num_seqs, give_up_above=give_up_above,
+                v, isl - cached[i], cached[i], fixed or v.cost_model, v.max_num_batched_tokens,
+                v.max_num_seqs, give_up_above=give_up_above,
             )
 
         def feasible(i: int) -> bool:
             v = inst[i]
             b = v.batch_size + 1
-            tpot = cm.step_time((), b, v.total_tokens + isl + b)
+            tpot = (fixed or v.cost_model).step_time((), b, v.total_tokens + isl + b)
             # Only the verdict is needed: the replay stops once it passes the SLO.
             return tpot <= tpot_slo and ttft(i, ttft_slo) <= ttft_slo
 

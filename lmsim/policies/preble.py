@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, estimator_cost_model
+from lmsim.policies._common import check_bool, check_number, estimator_cost_models
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -24,7 +24,9 @@ class _Node:
         self.children: dict[int, _Node] = {}
         self.alloc: list[int] = []  # GPUs the prefix is allocated to, in allocation order
         self.misses = 0  # window requests that had to compute this segment
-        self.contrib = 0.0  # prefill-cost share currently added to each GPU in alloc
+        # prefill-cost share currently added to each GPU in alloc, per cost-model group of
+        # the GPUs (one group unless a mixed fleet prices pools differently); () = none
+        self.contrib: tuple[float, ...] = ()
         self.window = 0  # requests in the window whose prompt covers this segment
         self.last_seen = -1.0  # when a request last covered it
         self.live = 0  # live requests whose important node this is
@@ -40,7 +42,8 @@ class Preble(Policy):
     `load_cost(g) = Σ_{n allocated to g} misses_H(n)·T_prefill(n)/|alloc(n)|
     + live_requests(g)·median_output_len·median_TPOT(g)`; `misses_H·T` equals Preble's
     `miss_rate·count_H·T`. T_prefill is lmsim's step-cost model pricing the segment as one
-    prefill chunk (Preble ships a Mistral-7B/A6000 regression).
+    prefill chunk (Preble ships a Mistral-7B/A6000 regression), each GPU's with its own
+    profile in a mixed fleet (`estimator_profile` prices every GPU with one).
 
     E2: if the matched prefix is longer than the new part (hit ratio > 50 %) exploit: the
     GPUs of the nearest allocated ancestor, the only one or the cheapest. Otherwise explore:
@@ -127,7 +130,16 @@ class Preble(Policy):
     # ---- setup -------------------------------------------------------------------------
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
+        models = estimator_cost_models(ctx, self.estimator_profile)
+        # GPUs priced alike form a group: a segment's prefill time is computed once per group
+        self._models: list[Any] = []
+        self._group: list[int] = []
+        for model in models:
+            k = next((j for j, m in enumerate(self._models) if m is model), len(self._models))
+            if k == len(self._models):
+                self._models.append(model)
+            self._group.append(k)
+        self.cost_model: Any = self._models[0]
         self._ensure(ctx.num_instances)
 
     def _ensure(self, n: int) -> None:
@@ -138,23 +150,36 @@ class Preble(Policy):
             self.tpot_med.append(self.tpot0)
 
     # ---- load accounting ---------------------------------------------------------------
-    def _t_prefill(self, tokens: int, context: int) -> float:
+    def _t_prefill(self, tokens: int, context: int, group: int = 0) -> float:
         if tokens <= 0:
             return 0.0
-        return self.cost_model.step_time([(tokens, context)], 0, 0)
+        return self._models[group].step_time([(tokens, context)], 0, 0)
+
+    def share(self, node: _Node, g: int) -> float:
+        """The prefill-cost share of `node` currently counted on GPU g's load."""
+        return node.contrib[self._group[g]] if node.contrib else 0.0
+
+    def _withdraw(self, node: _Node) -> None:
+        if node.contrib:
+            for g in node.alloc:
+                self.prefill_load[g] -= node.contrib[self._group[g]]
 
     def _update_contrib(self, node: _Node) -> None:
-        """Re-apply the node's prefill-cost share to the GPUs it is allocated to."""
-        for g in node.alloc:
-            self.prefill_load[g] -= node.contrib
+        """Re-apply the node's prefill-cost share to the GPUs it is allocated to, each
+        priced with its own cost model (`misses × T_prefill / |alloc|`)."""
+        self._withdraw(node)
         if node.misses and node.alloc:
             bsz = self.ctx.block_size
-            t = self._t_prefill(len(node.hashes) * bsz, node.context)
-            node.contrib = node.misses * t / len(node.alloc)
+            tokens = len(node.hashes) * bsz
+            n = len(node.alloc)
+            node.contrib = tuple(
+                node.misses * self._t_prefill(tokens, node.context, k) / n for k in range(len(self._models))
+            )
         else:
-            node.contrib = 0.0
-        for g in node.alloc:
-            self.prefill_load[g] += node.contrib
+            node.contrib = ()
+        if node.contrib:
+            for g in node.alloc:
+                self.prefill_load[g] += node.contrib[self._group[g]]
 
     def load_cost(self, g: int) -> float:
         return self.prefill_load[g] + self.live[g] * self.out_med * self.tpot_med[g]
@@ -173,10 +198,9 @@ class Preble(Policy):
             if self.expire_allocations and node.last_seen <= horizon and node.alloc:
                 # Preble forgets where a prefix lives once no request in the window used it,
                 # so a returning prefix is explored afresh instead of pinned to a stale GPU.
-                for g in node.alloc:
-                    self.prefill_load[g] -= node.contrib
+                self._withdraw(node)
                 node.alloc = []
-                node.contrib = 0.0
+                node.contrib = ()
                 self.expired += 1
 
     # ---- radix tree --------------------------------------------------------------------
@@ -238,8 +262,10 @@ class Preble(Policy):
         costs = [self.load_cost(g) for g in range(n)]
         if self.include_prefill:
             cached = cluster.cached_prefix_tokens(request)
+            group = self._group
             costs = [
-                c + self._t_prefill(request.input_tokens - h, h) for c, h in zip(costs, cached)
+                c + self._t_prefill(request.input_tokens - h, h, group[g])
+                for g, (c, h) in enumerate(zip(costs, cached))
             ]
         gpu = -1
         if matched > new:  # exploit: more cached than new tokens
@@ -297,8 +323,8 @@ class Preble(Policy):
         """What moving `node` off GPU g takes from it: its prefill share plus the decode cost
         of its live requests (Preble's rebalancer prices prefill and decode)."""
         if not self.rebalance_decode:
-            return node.contrib
-        return node.contrib + node.live * self.out_med * self.tpot_med[g]
+            return self.share(node, g)
+        return self.share(node, g) + node.live * self.out_med * self.tpot_med[g]
 
     def _move(self, node: _Node, src: int, dst: int) -> None:
         stack = [node]
@@ -306,12 +332,11 @@ class Preble(Policy):
             x = stack.pop()
             stack.extend(x.children.values())
             if src in x.alloc:
-                for gg in x.alloc:
-                    self.prefill_load[gg] -= x.contrib
+                self._withdraw(x)
                 x.alloc = [dst if a == src else a for a in x.alloc]
                 if x.alloc.count(dst) > 1:
                     x.alloc = list(dict.fromkeys(x.alloc))
-                x.contrib = 0.0
+                x.contrib = ()
                 self._update_contrib(x)
 
     def _rebalance(self, now: float) -> None:

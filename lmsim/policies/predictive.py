@@ -7,7 +7,7 @@ import math
 from typing import Any, Protocol
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, estimator_cost_model, pick_min
+from lmsim.policies._common import check_bool, check_number, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -177,6 +177,9 @@ class LlmdPredicted(Policy):
         exact cost model): with it 0.7% of requests are mispredicted by more than 20% and
         47% are predicted low; without it 41% and 97%.
     Tie-break: seeded random among equal estimates.
+    Each instance is priced with its own profile and engine limits (`InstanceView.cost_model`,
+    `max_num_batched_tokens`, `max_num_seqs`), so in a mixed fleet a faster pool's instances
+    predict lower TTFTs; `estimator_profile` prices every instance with one profile.
     Deviation: the real llm-d predicted-latency path uses an online XGBoost regressor, not a
     simulator; this is the paper's framing. The load fields read follow the router's
     `load_view` (exact or scraped).
@@ -210,16 +213,22 @@ class LlmdPredicted(Policy):
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
-        self.cost_model: Any = estimator_cost_model(ctx, self.estimator_profile)
+        # None: each instance is priced with its own profile (a mixed fleet's pools differ)
+        self.cost_model: Any = (
+            None if self.estimator_profile is None else ctx.load_cost_model(self.estimator_profile)
+        )
 
     def predict(self, request: Request, cluster: ClusterView) -> list[float]:
         ctx = self.ctx
         cached = cluster.cached_prefix_tokens(request)
-        cm, mbt, mns = self.cost_model, ctx.max_num_batched_tokens, ctx.max_num_seqs
+        fixed = self.cost_model
         isl = request.input_tokens
         use_step = self.in_flight_step
         est = [
-            estimate_ttft(v, isl - c, c, cm, mbt, mns, v.step_in_flight() if use_step else None)
+            estimate_ttft(
+                v, isl - c, c, fixed or v.cost_model, v.max_num_batched_tokens, v.max_num_seqs,
+                v.step_in_flight() if use_step else None,
+            )
             for v, c in zip(cluster.instances, cached)
         ]
         if self.noise_rel > 0:
@@ -254,6 +263,18 @@ class LlmdScorer(Policy):
     The prefix hit follows the router's `kv_view` (llm-d's default prefix producer is the
     approximate index; its precise scorer is the events view); Q and KV usage follow
     `load_view` (llm-d scrapes them).
+
+    Lower KV tiers: llm-d's precise index keeps each block's medium from the engine's KV
+    events (`llm-d-kv-cache` `pkg/kvevents/pool.go`, lower-cased), and its
+    `LongestPrefixScorer` sums, over the consecutive prefix, the best medium weight a pod
+    holds each block in (`pkg/kvcache/kvblock_scorer.go::fillMaxWeights`; defaults `gpu` 1.0,
+    `cpu` 0.8 in `pkg/kvcache/backend.go`, and 1.0 for a medium the config does not list,
+    which is disk by default). So prefix_i = (GPU blocks + cpu_weight · host blocks +
+    disk_weight · disk blocks), counted over the first `max_prefix_blocks` blocks, / total.
+    lmsim's view gives the host run after the GPU prefix and the disk run after that; llm-d
+    takes the best medium block by block, which differs only where a block missing from the
+    GPU is followed by one it still holds (rare: vLLM evicts a prefix tail first).
+    Params (with tiers): cpu_weight=0.8, disk_weight=1.0 (>= 0).
     """
 
     def __init__(
@@ -263,24 +284,41 @@ class LlmdScorer(Policy):
         w_queue: float = 2.0,
         w_kv: float = 2.0,
         max_prefix_blocks: int = 256,
+        cpu_weight: float = 0.8,
+        disk_weight: float = 1.0,
     ) -> None:
         self.w_prefix = check_number("w_prefix", w_prefix, lo=0)
         self.w_queue = check_number("w_queue", w_queue, lo=0)
         self.w_kv = check_number("w_kv", w_kv, lo=0)
         self.max_blocks = check_number("max_prefix_blocks", max_prefix_blocks, lo=1, integer=True)
+        self.cpu_weight = check_number("cpu_weight", cpu_weight, lo=0)
+        self.disk_weight = check_number("disk_weight", disk_weight, lo=0)
+
+    def _matched_blocks(self, request: Request, cluster: ClusterView, total: int) -> list[float]:
+        """Weighted matched blocks per instance over the first `total` prompt blocks."""
+        bsz = cluster.block_size
+        if not getattr(cluster, "has_kv_tiers", False):
+            return [min(c // bsz, total) for c in cluster.cached_prefix_tokens(request)]
+        out = []
+        for g, h, d in cluster.cached_prefix_tokens_by_tier(request):
+            gb = min(g // bsz, total)
+            hb = min(h // bsz, total - gb)
+            db = min(d // bsz, total - gb - hb)
+            out.append(gb + self.cpu_weight * hb + self.disk_weight * db)
+        return out
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         inst = cluster.instances
         bsz = cluster.block_size
-        cached = cluster.cached_prefix_tokens(request)
         total = min(self.max_blocks, max(1, request.input_tokens // bsz))
+        matched = self._matched_blocks(request, cluster, total)
         qs = [v.num_waiting for v in inst]
         qmax, qmin = max(qs), min(qs)
         span = qmax - qmin
         wp, wq, wk = self.w_prefix, self.w_queue, self.w_kv
         neg = []
-        for v, c, q in zip(inst, cached, qs):
-            prefix = min(c // bsz, total) / total
+        for v, m, q in zip(inst, matched, qs):
+            prefix = m / total
             queue = (qmax - q) / span if span else 1.0
             neg.append(-(wp * prefix + wq * queue + wk * (1.0 - v.kv_usage)))
         return pick_min(neg, "random", self.ctx.rng)

@@ -1,7 +1,8 @@
 """Step-cost profiles: what one engine step costs, from data under `profiles/`.
 
 `load_cost_model(spec)` turns the experiment's `cluster.profile` into a `StepCostModel`.
-A spec is either a mapping `{kind: linear, ...}` (hand-checkable, for tests) or the name of
+A spec is either a mapping `{kind: linear, ...}` (hand-checkable, for tests; or `{kind:
+polynomial}`, Dynamo's mocker step model, `profile/polynomial.py`) or the name of
 a profile shipped with lmsim (`lmsim/data/profiles/`, linked as `profiles/`) (for example `h20/qwen3-30b-a3b`), or a
 path to one.
 """
@@ -14,17 +15,21 @@ from lmsim.data import PROFILES_DIR
 from lmsim.errors import ProfileError
 from lmsim.profile.base import LinearCostModel, StepCostModel
 
-__all__ = ["PROFILES_DIR", "LinearCostModel", "StepCostModel", "load_cost_model", "profile_identity"]
+__all__ = [
+    "PROFILES_DIR", "LinearCostModel", "StepCostModel", "bind_kv_capacity", "kv_bytes_per_token", "load_cost_model",
+    "profile_identity",
+]
 
 
 def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
     if isinstance(spec, dict):
+        from lmsim.profile.inline import INLINE_KINDS, build_inline
+
         kind = spec.get("kind", "linear")
-        if kind != "linear":
-            raise ProfileError(f"cluster.profile.kind: unknown profile kind {kind!r} (known: linear)")
-        fields = {k: v for k, v in spec.items() if k != "kind"}
+        if kind not in INLINE_KINDS:
+            raise ProfileError(f"cluster.profile.kind: unknown profile kind {kind!r} (known: {', '.join(INLINE_KINDS)})")
         try:
-            return LinearCostModel(**fields)
+            return build_inline(spec)
         except TypeError as exc:
             raise ProfileError(f"cluster.profile: {exc}") from None
     from lmsim.profile.tables import (
@@ -32,6 +37,20 @@ def load_cost_model(spec: str | dict[str, Any]) -> StepCostModel:
     )
 
     return load_table_profile(spec)
+
+
+def bind_kv_capacity(model: StepCostModel, kv_capacity_tokens: int) -> StepCostModel:
+    """`model` on an instance of `kv_capacity_tokens` KV tokens: a model whose step time
+    depends on the KV pool's size (the `polynomial` kind) gets a copy bound to it; any other
+    is returned as it is."""
+    bind = getattr(model, "with_kv_capacity", None)
+    return bind(kv_capacity_tokens) if bind is not None else model
+
+
+def kv_bytes_per_token(model: StepCostModel) -> float | None:
+    """The KV bytes one token occupies on one instance of `model` (None when the profile
+    does not say: a linear or polynomial profile without `kv_bytes_per_token`)."""
+    return getattr(model, "kv_bytes_per_token", None)
 
 
 def profile_identity(spec: str | dict[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ class LinearCostModel:
     per_prefill_token_s: float = 0.0
     per_decode_seq_s: float = 0.0
     per_context_token_s: float = 0.0
+    kv_bytes_per_token: float | None = None  # prices a P/D KV transfer; no effect on steps
     name: str = "linear"
 
     def step_time(

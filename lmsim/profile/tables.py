@@ -201,6 +201,11 @@ class TableCostModel:
     def __repr__(self) -> str:
         return f"TableCostModel({self.name!r}, source={self.data.source!r})"
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token occupies on a rank (sizes host/disk tier blocks and copies)."""
+        return self._kv_per_token
+
     # -- components (scalar) ----------------------------------------------------------------
     def _decode_attention(self, batch: int, context: int) -> float:
         row = self._decode_row(batch)[1]

@@ -6,10 +6,14 @@ list of records for comparison across commits; `--profile` adds a cProfile break
 the time goes, grouped by component. Beside wall time each row gives the process's CPU time
 (`req/cpu s`): on a shared machine wall time mostly measures the other jobs.
 
-Workloads (16 Qwen3-30B-A3B instances on H20, load 0.5 of measured capacity):
+Workloads: the points of the bundled experiments/bench/full.yaml (quick.yaml with
+`--quick`), 16 Qwen3-30B-A3B instances on H20 at load 0.5 of measured capacity:
 * chatbot generator with `vllm`, `lmetric` and `llmd`;
 * coder generator (closed-loop agent sessions) with `lmetric`;
 * a 1M-request agent trace with `lmetric` (100k with `--quick`).
+Their capacities ship in experiments/capacity.json (`lmsim capacity --bundle`, also run
+by experiments/remeasure_capacities.sh), so a bench never searches; should one be
+missing, the search is announced on stderr and is not timed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import multiprocessing as mp
 import os
 import pstats
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,20 +34,16 @@ from lmsim.config import validate
 @dataclass(frozen=True)
 class Workload:
     name: str
-    generator: str
-    num_requests: int
     policy: str
+    raw: dict[str, Any]  # the point's experiment
 
 
 def workloads(quick: bool) -> list[Workload]:
-    chat = 5_000 if quick else 20_000
-    return [
-        Workload("chatbot", "chatbot", chat, "vllm"),
-        Workload("chatbot", "chatbot", chat, "lmetric"),
-        Workload("chatbot", "chatbot", chat, "llmd"),
-        Workload("coder", "coder", 600 if quick else 2_000, "lmetric"),
-        Workload("agent-1M" if not quick else "agent-100k", "agent", 100_000 if quick else 1_000_000, "lmetric"),
-    ]
+    from lmsim.data import EXPERIMENTS_DIR
+    from lmsim.study.expand import load_sweep
+
+    _raw, points = load_sweep(EXPERIMENTS_DIR / "bench" / ("quick.yaml" if quick else "full.yaml"))
+    return [Workload(p.raw["name"], p.raw["router"]["policy"], p.raw) for p in points]
 
 
 CATEGORIES = (
@@ -74,27 +75,17 @@ def profile_breakdown(stats: pstats.Stats) -> dict[str, float]:
     return {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def _config(w: Workload, load: float):
-    return validate(
-        {
-            "name": f"bench-{w.name}-{w.policy}",
-            "seed": 0,
-            "workload": {"generator": {"name": w.generator, "params": {"num_requests": w.num_requests}}, "load": load},
-            "cluster": {"num_instances": 16, "profile": "h20/qwen3-30b-a3b"},
-            "router": {"policy": w.policy},
-            "output": {"figures": False},
-        },
-        where="bench",
-    )
-
-
 def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
     """Run one workload in this process; returns its row of the table."""
     from lmsim.engine.simulation import Simulation
     from lmsim.study.experiment import load_workload_trace
 
-    config = _config(w, 0.5)
-    trace = load_workload_trace(config)  # generation and capacity search are not timed
+    config = validate(w.raw, where=f"bench {w.name}/{w.policy}")
+
+    def announce(line: str) -> None:
+        print(f"bench {w.name}/{w.policy}: {line}", file=sys.stderr, flush=True)
+
+    trace = load_workload_trace(config, log=announce)  # generation and a capacity search are not timed
     sim = Simulation(config, trace)
     profiler = cProfile.Profile() if profile else None
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -19,7 +19,8 @@ Sustainability criterion (documented in the README): a rate is sustainable when
 At an overloaded rate the backlog grows over the run, so TTFT grows and the drain takes
 far longer than any single request; below capacity TTFT is flat and the drain is short.
 
-Results are cached in `~/.cache/lmsim/capacity.json` and shipped for the bundled
+Results are cached in `cache_path()` (`$XDG_CACHE_HOME/lmsim/capacity.json`, by default
+`~/.cache/lmsim/capacity.json`) and shipped for the bundled
 experiments in `experiments/capacity.json` (`lmsim capacity --bundle EXP ...` adds them).
 The key is a digest of what DEFINES the measurement, never of the generated numbers (whose
 last bits may differ between numpy builds): the workload's identity (generator name,
@@ -49,7 +50,17 @@ from lmsim.errors import ConfigError
 from lmsim.workload.scaling import mean_rate, scale_to_rate
 from lmsim.workload.trace import Trace
 
-CACHE_PATH = Path.home() / ".cache" / "lmsim" / "capacity.json"
+
+def cache_path() -> Path:
+    """The user's capacity cache: `$XDG_CACHE_HOME/lmsim/capacity.json`, or
+    `~/.cache/lmsim/capacity.json` when XDG_CACHE_HOME is unset or not absolute (the XDG
+    base directory specification ignores a relative one). Read at each use, so the
+    environment of the command that runs decides."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / "lmsim" / "capacity.json"
+
+
 BUNDLED_PATH = BUNDLED_CAPACITIES
 CRITERION_VERSION = 4
 
@@ -84,11 +95,39 @@ class Capacity:
     probes: list[Probe] = field(default_factory=list)
 
 
-def probe_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The experiment as the search replays it: `capacity.policy` (vllm unless set), exact
-    views, no checks."""
+def reference_policy(config: ExperimentConfig) -> tuple[str, dict[str, Any]]:
+    """The policy whose sustainable rate "capacity" means: `capacity.policy` (vllm unless
+    set). A disaggregated cluster needs a pair: a colocated capacity policy routes both roles
+    under `pd` (by default `pd` with vllm on the prefill and on the decode instances)."""
+    from lmsim.policies import POLICIES
+
     cap = config.capacity
-    router = config.router.model_copy(update={"policy": cap.policy, "params": dict(cap.params), "view": {}})
+    if not config.cluster.is_disaggregated or getattr(POLICIES.get(cap.policy), "disaggregated", False):
+        return cap.policy, dict(cap.params)
+    side = {"prefill_policy": cap.policy, "decode_policy": cap.policy}
+    if cap.params:
+        side.update(prefill_params=dict(cap.params), decode_params=dict(cap.params))
+    return "pd", side
+
+
+def describe_reference(config: ExperimentConfig) -> str:
+    policy, params = reference_policy(config)
+    if policy == "pd" and not config.capacity.params and not getattr(_policy_class(config.capacity.policy), "disaggregated", False):
+        return f"pd ({params['prefill_policy']} on the prefill and on the decode instances)"
+    return repr(policy)
+
+
+def _policy_class(name: str) -> Any:
+    from lmsim.policies import POLICIES
+
+    return POLICIES.get(name)
+
+
+def probe_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as the search replays it: the reference policy (`reference_policy`),
+    exact views, no checks."""
+    policy, params = reference_policy(config)
+    router = config.router.model_copy(update={"policy": policy, "params": params, "view": {}})
     sim = config.simulation.model_copy(update={"check": False, "drain_limit_s": None})
     return config.model_copy(update={"router": router, "simulation": sim})
 
@@ -127,15 +166,22 @@ def is_sustainable(
     trace: Trace, config: ExperimentConfig, search: CapacitySearch
 ) -> tuple[bool, str]:
     from lmsim.engine.simulation import Simulation
-    from lmsim.profile import load_cost_model
+    from lmsim.profile import kv_bytes_per_token
 
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
-    cost_model = load_cost_model(config.cluster.profile)
-    budget = config.cluster.max_num_batched_tokens
-    service = {
-        key: isolated_service_time(cost_model, key[0], key[1], budget)
-        for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}
-    }
+    pools = _pool_models(config)
+    transfer = config.cluster.transfer if config.cluster.is_disaggregated else None
+    bytes_per_token = max((kv_bytes_per_token(m) or 0.0) for m, _ in pools)
+
+    def alone(i: int, o: int) -> float:
+        # the slowest pool serving it all, plus a whole-prompt transfer when disaggregated:
+        # a bound for the drain deadline, not a prediction
+        t = max(isolated_service_time(m, i, o, budget) for m, budget in pools)
+        if transfer is not None:
+            t += transfer.latency_s + i * bytes_per_token / transfer.bandwidth_bytes_s
+        return t
+
+    service = {key: alone(*key) for key in {(int(i), int(o)) for i, o in zip(trace.input_tokens, trace.output_tokens)}}
     drain = search.drain_factor * max(service.values()) + search.drain_slack_s
     cfg = probe_config(config)
     cfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"drain_limit_s": drain})})
@@ -162,6 +208,21 @@ def is_sustainable(
     return True, "ok"
 
 
+def _pool_models(config: ExperimentConfig) -> list[tuple[Any, int]]:
+    """(cost model bound to the pool's KV size, batch budget) of every pool."""
+    from lmsim.profile import bind_kv_capacity, load_cost_model
+
+    out = []
+    for pool in config.cluster.pool_specs():
+        engine = pool.engine
+        model = load_cost_model(engine["profile"])
+        blocks = engine["num_gpu_blocks"] or model.num_kv_blocks(config.cluster.block_size, engine["gpu_memory_utilization"])
+        if blocks:
+            model = bind_kv_capacity(model, blocks * config.cluster.block_size)
+        out.append((model, engine["max_num_batched_tokens"]))
+    return out
+
+
 def trace_identity(trace: Trace) -> dict[str, Any]:
     """Identity of a trace known only by its content (library callers that pass a Trace):
     a digest of its columns. Prefer a workload identity (`study.experiment.workload_identity`),
@@ -175,6 +236,9 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
     return {"trace_sha256": digest.hexdigest()}
 
 
+_KEYED_WHEN_CHANGED = {"cache_generated_blocks": True}
+
+
 def key_payload(
     workload: dict[str, Any], config: ExperimentConfig, search: CapacitySearch
 ) -> dict[str, Any]:
@@ -184,6 +248,11 @@ def key_payload(
     cluster = {k: v for k, v in config.cluster.model_dump(mode="json").items() if v is not None}
     cluster.pop("max_waiting", None)  # the probe replays without a queue cap
     cluster.pop("profile", None)
+    # Fields added after capacities were shipped count only when moved off their default,
+    # so the keys stored with the shipped capacities stay valid.
+    for name, default in _KEYED_WHEN_CHANGED.items():
+        if cluster.get(name) == default:
+            del cluster[name]
     return {
         "workload": workload,
         "cluster": cluster,
@@ -192,8 +261,8 @@ def key_payload(
         "criterion": CRITERION_VERSION,
         # the policy whose sustainable rate "capacity" means (capacity.policy; vllm's JSQ
         # by default, as the study); its params only when set, so default keys stay valid
-        "policy": config.capacity.policy,
-        **({"policy_params": dict(config.capacity.params)} if config.capacity.params else {}),
+        "policy": reference_policy(config)[0],
+        **({"policy_params": reference_policy(config)[1]} if reference_policy(config)[1] else {}),
     }
 
 
@@ -204,14 +273,16 @@ def cache_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _read_cache(path: Path = CACHE_PATH) -> dict[str, Any]:
+def _read_cache(path: Path | None = None) -> dict[str, Any]:
+    path = path or cache_path()
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, value: dict[str, Any], path: Path = CACHE_PATH) -> None:
+def _write_cache(key: str, value: dict[str, Any], path: Path | None = None) -> None:
+    path = path or cache_path()
     cache = _read_cache(path)
     cache[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +337,7 @@ def resolve_capacity(
         return Capacity(None, "missing", key)
     if log is not None:
         log(f"capacity: none shipped or cached for this workload and cluster; searching "
-            f"(up to {search.max_probes} probes of {len(probe)} requests under {config.capacity.policy!r})")
+            f"(up to {search.max_probes} probes of {len(probe)} requests under {describe_reference(config)})")
     base = mean_rate(probe)
     probes: list[Probe] = []
 
@@ -299,7 +370,7 @@ def resolve_capacity(
     if use_cache:
         _write_cache(key, {"rate": lo, "probes": [p.__dict__ for p in probes]})
     if log is not None:
-        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {CACHE_PATH})" if use_cache else ""))
+        log(f"capacity: {lo:.4g} req/s after {len(probes)} probes" + (f" (cached in {cache_path()})" if use_cache else ""))
     return Capacity(lo, "searched", key, probes)
 
 

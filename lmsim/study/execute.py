@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from lmsim.config import ExperimentConfig, validate
-from lmsim.study.expand import SweepError, SweepPoint, load_sweep
-from lmsim.study.index import INDEX_FILE, write_index, write_spec
+from lmsim.errors import counted
+from lmsim.study.expand import SweepError, SweepPoint, base_config, load_sweep, point_config
+from lmsim.study.index import INDEX_FILE, read_spec_points, write_index, write_spec
 from lmsim.study.rundir import (
+    RUN_FILES,
     check_output_dir,
+    default_directory,
+    directory_kind,
     is_complete,
     is_own_partial,
-    saved_config_matches,
+    saved_config_difference,
     write_kind_marker,
 )
 
@@ -66,10 +70,9 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     both executors report failures the same way. Executed in a worker process, which first
     imports the sweep's plug-ins (`lmsim.plugins.install_plugins`: a spawned or remote
     worker has none). The result names the worker's process (`pid`)."""
-    from lmsim.engine.simulation import Simulation
     from lmsim.plugins import install_plugins
     from lmsim.study.capacity import remember_capacities
-    from lmsim.study.experiment import load_resolution, load_workload_trace
+    from lmsim.study.experiment import load_workload_trace, simulate
     from lmsim.study.rundir import save_run
 
     started = time.perf_counter()
@@ -79,8 +82,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
         remember_capacities(task.get("capacities", {}))
         config = validate(task["raw"], where=f"{task['where']} [{name}]")
         trace = load_workload_trace(config, Path(task["experiment_dir"]), log=_log_to_stderr(name))
-        results = Simulation(config, trace).run()
-        results.summary.update(load_resolution(config, trace))
+        results = simulate(config, trace)
         save_run(results, Path(task["out"]) / name, figure=config.output.figures)
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
@@ -155,12 +157,83 @@ def _warm_trace_cache(tasks: list[dict[str, Any]]) -> None:
                 generated_trace(*specs[key])
 
 
-def _saved_config_matches(run_dir: Path, raw: dict[str, Any]) -> bool:
+def _config_difference(run_dir: Path, raw: dict[str, Any]) -> str | None:
     try:
         wanted = ExperimentConfig.model_validate(raw).to_dict()
     except Exception:
-        return False
-    return saved_config_matches(run_dir, wanted)
+        return "no longer a valid point"
+    return saved_config_difference(run_dir, wanted)
+
+
+@dataclass
+class _Survey:
+    """What an existing sweep directory holds, judged against the experiment now given:
+    `changed` finished runs (name -> first difference) that it would make differently, and
+    the points of an earlier, longer sweep (`earlier`, recorded in sweep.yaml) still
+    finished and made as this experiment would make them."""
+
+    changed: dict[str, str] = field(default_factory=dict)
+    earlier: list[SweepPoint] = field(default_factory=list)
+
+
+def _survey(out: Path, raw: dict[str, Any], points: list[SweepPoint], where: str) -> _Survey:
+    survey = _Survey()
+    if directory_kind(out) != "sweep":
+        return survey
+    current = {p.name for p in points}
+    base = base_config(raw)
+    candidates = list(points)
+    for name, params in read_spec_points(out):
+        if name in current or not is_complete(out / name):
+            continue
+        try:
+            candidates.append(SweepPoint(name, params, point_config(base, params, where=where)))
+        except Exception:
+            survey.changed[name] = "no longer a valid point"
+    for p in candidates:
+        if not is_complete(out / p.name):
+            continue
+        difference = _config_difference(out / p.name, p.raw)
+        if difference is not None:
+            survey.changed[p.name] = difference
+        elif p.name not in current:
+            survey.earlier.append(p)
+    return survey
+
+
+def _sweep_directory(given: Path | None, default: Path, raw: dict[str, Any], points: list[SweepPoint],
+                     where: str, *, overwrite: bool) -> tuple[Path, _Survey]:
+    """Where the sweep writes, and what is there already. A named `--out` must be absent,
+    empty or an lmsim sweep; runs there that this experiment would make differently are
+    replaced only with `overwrite`. Without `--out`, like `lmsim run`: the default folder,
+    or (when it holds runs of another configuration, or anything else) the first of
+    `-2`, `-3`, ... that is free or holds this same sweep; with `overwrite`, the default."""
+    if given is None and not overwrite:
+        surveys: dict[Path, _Survey] = {}
+
+        def reusable(path: Path) -> bool:
+            if directory_kind(path) != "sweep":
+                return False
+            surveys[path] = _survey(path, raw, points, where)
+            return not surveys[path].changed
+
+        path = default_directory(default, reusable)
+        check_output_dir(path, "sweep", resumable=True)
+        return path, surveys.get(path) or _survey(path, raw, points, where)
+    path = given if given is not None else default
+    check_output_dir(path, "sweep", resumable=True)
+    survey = _survey(path, raw, points, where)
+    if survey.changed and not overwrite:
+        name, difference = next(iter(survey.changed.items()))
+        count = len(survey.changed)
+        raise SweepError(
+            f"{path}: {count} finished run{'s were' if count != 1 else ' was'} made from another "
+            f"configuration ({name}: {difference}); pass --overwrite to replace "
+            f"{'them' if count != 1 else 'it'}, or choose another --out"
+        )
+    for name in survey.changed:  # refused now, not after hours of sweeping
+        check_output_dir(path / name, "run", overwrite=True, allowed_files=RUN_FILES)
+    return path, survey
 
 
 def _discard_partials(out: Path, names: list[str]) -> int:
@@ -192,7 +265,9 @@ class SweepOutcome:
     skipped: list[str] = field(default_factory=list)  # complete before this invocation
     executed: list[str] = field(default_factory=list)  # ran to completion now
     failed: dict[str, str] = field(default_factory=dict)  # name -> one-line error
-    stale: list[str] = field(default_factory=list)  # complete but made from another config
+    stale: list[str] = field(default_factory=list)  # complete but made from another config (--overwrite)
+    earlier: list[str] = field(default_factory=list)  # complete points of an earlier, longer sweep, kept
+    removed: list[str] = field(default_factory=list)  # earlier points of another config (--overwrite)
     interrupted: int | None = None  # signal number that stopped the sweep
     index: Path | None = None
 
@@ -272,15 +347,18 @@ def _run_pool(tasks: list[dict[str, Any]], jobs: int, report: Callable[[dict[str
                 result = {"name": futures[fut], "ok": False, "error": f"worker died: {exc}", "traceback": ""}
             report(result)
     except BaseException:
-        for fut in futures:
-            fut.cancel()
         # Runs in flight are abandoned: kill their workers now rather than wait for them.
-        # (ProcessPoolExecutor has no public way to do this.)
+        # (ProcessPoolExecutor has no public way to do this.) The pending futures are not
+        # cancelled: the pool's manager thread then fails each one with BrokenProcessPool,
+        # and on Python 3.11 it raises InvalidStateError (printed from its thread) for a
+        # future cancelled before it got there (3.12's concurrent/futures/process.py,
+        # terminate_broken, ignores it). Nobody waits on these futures: failing them is
+        # harmless.
         for proc in list(getattr(executor, "_processes", {}).values()):
             proc.terminate()
         for proc in list(getattr(executor, "_processes", {}).values()):
             proc.join(timeout=10)
-        executor.shutdown(wait=False, cancel_futures=True)
+        executor.shutdown(wait=False)
         raise
     executor.shutdown(wait=True)
 
@@ -336,8 +414,14 @@ def run_sweep(
     scheduler: str | None = None,
     progress: bool = True,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    overwrite: bool = False,
 ) -> SweepOutcome:
     """Run every incomplete point of the experiment's sweep and write the index.
+
+    Finished runs are never silently discarded: the output directory is chosen as
+    `_sweep_directory` says, and with `overwrite` the runs this experiment would make
+    differently are rerun and the earlier points it no longer gives removed. Points of an
+    earlier, longer sweep of the same configuration stay in the index.
 
     `on_result` sees each finished run's result (name, ok, error) after it is recorded; it
     exists for callers that want to stop early (raising KeyboardInterrupt stops the sweep
@@ -349,13 +433,15 @@ def run_sweep(
     if jobs < 1:
         raise SweepError(f"-j must be >= 1, got {jobs}")
     raw, points = load_sweep(experiment, overrides)
-    base_config = validate(points[0].raw, where=str(experiment))
-    out_given = Path(out or base_config.output.dir or Path("runs") / base_config.name)
+    first = validate(points[0].raw, where=str(experiment))
+    default = Path(first.output.dir or Path("runs") / first.name)
     # Absent, empty or a sweep lmsim made: never a run directory or the user's own folder.
-    check_output_dir(out_given, "sweep", resumable=True)
+    out_given, survey = _sweep_directory(Path(out) if out else None, default, raw, points, str(experiment),
+                                         overwrite=overwrite)  # fmt: skip
     out_dir = out_given.resolve()
-    outcome = SweepOutcome(out_dir, points)
-    names = [p.name for p in points]
+    outcome = SweepOutcome(out_dir, points, earlier=[p.name for p in survey.earlier])
+    current = {p.name for p in points}
+    names = [p.name for p in points] + [n for n in survey.changed if n not in current]
 
     client = cluster = None
     if executor == "dask":
@@ -372,11 +458,15 @@ def run_sweep(
         write_kind_marker(out_dir, "sweep")
         with _lock(out_dir):
             _discard_partials(out_dir, names)
+            for name in survey.changed:
+                if name not in current:  # --overwrite: a point this experiment no longer has
+                    shutil.rmtree(out_dir / name)
+                    outcome.removed.append(name)
             todo = []
             for p in points:
                 run_dir = out_dir / p.name
                 if is_complete(run_dir):
-                    if _saved_config_matches(run_dir, p.raw):
+                    if p.name not in survey.changed:
                         outcome.skipped.append(p.name)
                         continue
                     outcome.stale.append(p.name)
@@ -384,13 +474,20 @@ def run_sweep(
                     "name": p.name, "raw": p.raw, "where": str(experiment),
                     "experiment_dir": experiment_dir, "out": str(out_dir), "plugins": plugins,
                 })  # fmt: skip
-            write_spec(out_dir, str(experiment), raw, points)
+            indexed = points + survey.earlier
+            write_spec(out_dir, str(experiment), raw, indexed)
             _resolve_capacities(todo)
             where = "Dask " + (scheduler or "LocalCluster") if executor == "dask" else f"local pool (-j {jobs})"
             print(
-                f"sweep {base_config.name}: {len(points)} runs, {len(outcome.skipped)} already complete, "
+                f"sweep {first.name}: {counted(len(points), 'run')}, {len(outcome.skipped)} already complete, "
                 f"{len(todo)} to run on {where}; output {out_dir}"
-                + (f" ({len(outcome.stale)} complete runs have a changed config and rerun)" if outcome.stale else ""),
+                + (f" ({default} holds another configuration's runs or files, kept)" if out_given != default else "")
+                + (f"; {counted(len(outcome.stale), 'finished run')} of another configuration replaced (--overwrite)"
+                   if outcome.stale else "")
+                + (f"; {counted(len(outcome.removed), 'run')} of points it no longer has removed (--overwrite)"
+                   if outcome.removed else "")
+                + (f"; {counted(len(outcome.earlier), 'run')} of an earlier, longer sweep kept in the index"
+                   if outcome.earlier else ""),
                 flush=True,
             )
             bar = tqdm(total=len(todo), unit="run", desc="sweep", disable=not progress or not todo,
@@ -426,7 +523,7 @@ def run_sweep(
                     bar.close()
                     # The run in flight, if any, never reached its rename: drop it.
                     _discard_partials(out_dir, names)
-                    outcome.index = write_index(out_dir, points, raw)
+                    outcome.index = write_index(out_dir, indexed, raw)
     finally:
         if client is not None:
             with contextlib.suppress(Exception):

@@ -23,8 +23,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lmsim.config import ExperimentConfig, apply_overrides, read_yaml, set_dotted, validate
-from lmsim.errors import LmsimError
+from lmsim.config import (
+    ExperimentConfig,
+    apply_overrides,
+    blame_overrides,
+    read_yaml,
+    set_dotted,
+    validate,
+)
+from lmsim.errors import LmsimError, suggest
 
 MAX_NAME_LEN = 120
 CONNECT_TIMEOUT_S = 5.0
@@ -84,6 +91,17 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _list_entry_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a `list[Model]` (or `list[Model] | None`) field's entries."""
+    if typing.get_origin(annotation) is list:
+        args = typing.get_args(annotation)
+        return _model_of(args[0]) if args else None
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is list:
+            return _list_entry_model(arg)
+    return None
+
+
 def _is_mapping(annotation: Any) -> bool:
     if typing.get_origin(annotation) is dict or annotation is dict:
         return True
@@ -100,19 +118,29 @@ def check_sweep_key(key: str, *, where: str) -> None:
         raise SweepError(f"{where}: sweep key {key!r}: malformed dotted key")
     if parts[0] in ("sweep", "zip"):
         raise SweepError(f"{where}: sweep key {key!r}: a sweep cannot vary its own definition")
+    listed = False  # the previous part named a list of models: this part is an index
     for depth, part in enumerate(parts):
+        if listed:
+            if not part.isdigit():
+                raise SweepError(f"{where}: sweep key {key!r}: {'.'.join(parts[:depth])} is a list: name an entry by number")
+            listed = False
+            if depth == len(parts) - 1:
+                return
+            continue
         fields = model.model_fields
         if part not in fields:
-            known = ", ".join(fields)
             raise SweepError(
-                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r} "
-                f"(known here: {known})"
+                f"{where}: sweep key {key!r}: unknown key {'.'.join(parts[: depth + 1])!r}"
+                f"{suggest(part, fields, label='known here')}"
             )
         annotation = fields[part].annotation
         sub = _model_of(annotation)
         if depth == len(parts) - 1:
             return
-        if sub is not None:
+        entry = _list_entry_model(annotation)
+        if entry is not None:
+            model, listed = entry, True
+        elif sub is not None:
             model = sub
         elif _is_mapping(annotation):
             return
@@ -174,11 +202,30 @@ def _unset_dotted(raw: dict[str, Any], key: str) -> None:
     node: Any = raw
     parts = key.split(".")
     for part in parts[:-1]:
-        node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
         if node is None:
             return
     if isinstance(node, dict):
         node.pop(parts[-1], None)
+
+
+def base_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The experiment without its sweep definition: what every point starts from."""
+    return {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+
+
+def point_config(base: dict[str, Any], params: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """A point's raw config: `base` with each swept key set (or, for None, unset)."""
+    point_raw = copy.deepcopy(base)
+    for key, value in params.items():
+        if value is None:
+            _unset_dotted(point_raw, key)
+        else:
+            set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
+    return point_raw
 
 
 def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
@@ -191,7 +238,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
         raise SweepError(f"{where}: sweep: expected a mapping of dotted keys to lists")
     if not isinstance(zips, list):
         raise SweepError(f"{where}: zip: expected a list of key groups")
-    base = {k: v for k, v in raw.items() if k not in ("sweep", "zip", "seeds")}
+    base = base_config(raw)
     for key in sweep:
         check_sweep_key(str(key), where=where)
     axes = _axes(sweep, zips, where=where)
@@ -213,13 +260,7 @@ def expand_sweep(raw: dict[str, Any], *, where: str) -> list[SweepPoint]:
             # Two points sanitise to the same name ("a/b" vs "a-b"): disambiguate both by a
             # hash of the exact values, which keeps each name stable across reruns.
             name = f"{name[: MAX_NAME_LEN - 9]}~{_digest(json.dumps(combo, sort_keys=True, default=str))}"
-        point_raw = copy.deepcopy(base)
-        for key, value in combo.items():
-            if value is None:
-                _unset_dotted(point_raw, key)
-            else:
-                set_dotted(point_raw, key, copy.deepcopy(value), where=f"{where}: sweep")
-        points.append(SweepPoint(name, combo, point_raw))
+        points.append(SweepPoint(name, combo, point_config(base, combo, where=where)))
     if len({p.name for p in points}) != len(points):
         raise SweepError(f"{where}: sweep: two points have identical values")
     _validate_points(points, where=where)
@@ -250,7 +291,12 @@ def load_sweep(
 ) -> tuple[dict[str, Any], list[SweepPoint]]:
     """Read an experiment, apply `--set` overrides, expand and validate its sweep."""
     where = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], where=where)
-    return raw, expand_sweep(raw, where=where)
+    file_raw = read_yaml(path)
+
+    def build(items: list[str]) -> tuple[dict[str, Any], list[SweepPoint]]:
+        raw = apply_overrides(file_raw, items, where=where)
+        return raw, expand_sweep(raw, where=where)
+
+    return blame_overrides(build, list(overrides or []), where=where)
 
 

@@ -9,26 +9,30 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from lmsim.config import ExperimentConfig
-from lmsim.data import DATA_DIR
+from lmsim.data import DATA_DIR, bundled_trace
 from lmsim.errors import ConfigError, TraceError
 from lmsim.workload.trace import Trace, read_parquet
+
+if TYPE_CHECKING:
+    from lmsim.engine.results import Results
 
 
 def resolve_path(path: str, experiment_dir: Path | None) -> Path:
     """A relative path is looked up in the working directory, then beside the experiment
-    file, then among the bundled data (so bundled experiments run from anywhere)."""
+    file, then among the bundled data (so bundled experiments run from anywhere); a bare
+    name may name a bundled trace (`kimi_conversation_sample`)."""
     candidate = Path(path)
     if candidate.is_absolute() or candidate.exists():
         return candidate
     for base in (experiment_dir, DATA_DIR):
         if base is not None and (base / candidate).exists():
             return base / candidate
-    return candidate
+    return bundled_trace(path) or candidate
 
 
 @lru_cache(maxsize=64)
@@ -215,6 +219,17 @@ def load_resolution(config: ExperimentConfig, trace: Trace) -> dict[str, Any]:
         "capacity_source": meta.get("capacity_source", "missing"),
         "load_rate_req_s": float(meta["load_rate_req_s"]) if "load_rate_req_s" in meta else None,
     }
+
+
+def simulate(config: ExperimentConfig, trace: Trace, *, progress: Callable[[int], None] | None = None) -> Results:
+    """Replay `trace` on `config`'s cluster; the summary also names what `workload.load`
+    resolved to (`load_resolution`), so runs made by `lmsim run`, a sweep and the API carry
+    the same fields."""
+    from lmsim.engine.simulation import Simulation
+
+    results = Simulation(config, trace).run(progress=progress)
+    results.summary.update(load_resolution(config, trace))
+    return results
 
 
 def describe_load(resolution: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """The sweep directory's index and spec: `sweep.parquet`, one row per complete run sorted by
 run name, built from the run directories on disk (so it depends neither on the executor nor
-on completion order), and `sweep.yaml`, the experiment and its points.
+on completion order), and `sweep.yaml`, the experiment and its points (with the points of an
+earlier, longer sweep of the same configuration that are still in the folder).
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def _offered_rate(run_dir: Path) -> float | None:
     return len(arrived) / span if span > 0 else None  # as workload.rate defines it
 
 
+def _dotted(raw: dict[str, Any], key: str) -> Any:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
 def build_index(out: Path, points: list[SweepPoint]):
     """One row per complete run, sorted by name: run, the swept keys, `offered_rate_per_s`
     (measured from arrivals) and every scalar of summary.json."""
@@ -66,7 +76,8 @@ def build_index(out: Path, points: list[SweepPoint]):
             continue
         summary = json.loads((run_dir / COMPLETE_MARKER).read_text())
         row: dict[str, Any] = {"run": p.name}
-        row.update({k: p.params.get(k) for k in keys})
+        # A key another point sweeps (an earlier, longer sweep's axis): this point's own value.
+        row.update({k: p.params[k] if k in p.params else _dotted(p.raw, k) for k in keys})
         row["offered_rate_per_s"] = _offered_rate(run_dir)
         for k, v in summary.items():
             if k not in row and (v is None or isinstance(v, (bool, int, float, str))):
@@ -107,6 +118,15 @@ def read_index(sweep_dir: str | os.PathLike[str]):
     meta = table.schema.metadata or {}
     frame.attrs["sweep_keys"] = json.loads(meta.get(b"lmsim.sweep_keys", b"[]"))
     return frame
+
+
+def read_spec_points(sweep_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, params) of every point sweep.yaml records; none when it is absent or unreadable."""
+    try:
+        spec = yaml.safe_load((sweep_dir / SPEC_FILE).read_text()) or {}
+        return [(str(p["name"]), dict(p["params"] or {})) for p in spec.get("points", [])]
+    except (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError):
+        return []
 
 
 def write_spec(out: Path, experiment_path: str, raw: dict[str, Any], points: list[SweepPoint]) -> None:

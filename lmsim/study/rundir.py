@@ -4,9 +4,12 @@ a path may receive output at all.
 A run directory holds `requests.parquet`, `instances.parquet`, `router_events.parquet`,
 `config.yaml`, optionally `cdf.png`, then `summary.json`, written last. It is built in a
 temporary sibling directory and renamed into place, so a reader never sees a half-written
-run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run` or `sweep`):
-that marker, and nothing else, is what allows a later command to replace it. A directory
-without it, or holding files lmsim does not write, belongs to the user and is never touched.
+run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run`, `sweep` or
+`compare`): that marker, and nothing else, is what allows a later command to replace it. A
+directory without it, or holding files lmsim did not write, belongs to the user and is never
+touched. What lmsim drew from a run's results into its directory (signed figures and
+reports, `lmsim plot`'s figure folders, `lmsim compare --out` folders) is lmsim's and goes
+with the run when the run is replaced (`foreign_entries`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ import yaml
 
 from lmsim.engine.results import NULLABLE_INT_COLUMNS, Results
 from lmsim.errors import ConfigError
-from lmsim.outputs import file_in_the_way
+from lmsim.outputs import FIGURE_DIR_MARKER, file_in_the_way, is_signed_output
 
 COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is complete
 KIND_MARKER = "lmsim.json"
@@ -34,6 +38,8 @@ RUN_FILES = frozenset({
     "requests.parquet", "instances.parquet", "router_events.parquet", "config.yaml", "cdf.png",
     COMPLETE_MARKER, KIND_MARKER,
 })  # fmt: skip
+# `lmsim compare --out`: its tables (its CDF figures are signed).
+COMPARE_FILES = frozenset({"compare.csv", "compare.txt", KIND_MARKER})
 
 
 def is_complete(run_dir: str | os.PathLike[str]) -> bool:
@@ -91,7 +97,7 @@ def check_output_dir(
     if found != kind:
         raise ConfigError(f"{out}: is an lmsim {found} directory; `lmsim {kind}` will not replace it")
     if allowed_files is not None:
-        foreign = sorted(n for n in entries if n not in allowed_files and not n.startswith("."))
+        foreign = foreign_entries(resolved, allowed_files)
         if foreign:
             raise ConfigError(
                 f"{out}: holds files lmsim did not write ({', '.join(foreign[:3])}"
@@ -103,17 +109,80 @@ def check_output_dir(
         raise ConfigError(f"{out}: a finished {kind} is already there; pass --overwrite to replace it")
 
 
-def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:
-    """True when the run at `run_dir` was made from the resolved config `wanted` (`output`
-    aside: where figures go does not change results)."""
+def foreign_entries(directory: Path, allowed: frozenset[str]) -> list[str]:
+    """What in `directory` lmsim did not write, as paths relative to it. lmsim's are the
+    `allowed` names, the figures and reports it signed (`lmsim plot`, `report`, `compare`
+    sign every file they draw), and folders holding only those: `lmsim plot`'s figure
+    folders and `lmsim compare --out` folders (whose tables are known by name). A symbolic
+    link, an empty folder, a hidden file (other than a temporary lmsim left) or anything
+    else is the user's."""
+    found = []
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        if entry.is_symlink():
+            found.append(entry.name)
+        elif entry.is_file():
+            if entry.name not in allowed and not is_signed_output(entry):
+                found.append(entry.name)
+        elif entry.is_dir() and any(entry.iterdir()):
+            inner = COMPARE_FILES if directory_kind(entry) == "compare" else frozenset({FIGURE_DIR_MARKER})
+            found.extend(f"{entry.name}/{name}" for name in foreign_entries(entry, inner))
+        else:
+            found.append(entry.name)
+    return found
+
+
+def saved_config_difference(run_dir: Path, wanted: dict[str, Any]) -> str | None:
+    """None when the run at `run_dir` was made from the resolved config `wanted` (`output`
+    aside: where figures go does not change results); else the first difference, as
+    `key old -> new`."""
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
-        return False
+        return "config.yaml unreadable"
     if not isinstance(saved, dict):
-        return False
-    saved = {k: v for k, v in saved.items() if k != "output"}
-    return saved == {k: v for k, v in wanted.items() if k != "output"}
+        return "config.yaml malformed"
+    old = _flatten({k: v for k, v in saved.items() if k != "output"})
+    new = _flatten({k: v for k, v in wanted.items() if k != "output"})
+    for key in [*new, *(k for k in old if k not in new)]:
+        if old.get(key, _ABSENT) != new.get(key, _ABSENT):
+            return f"{key} {_shown(old.get(key, _ABSENT))} -> {_shown(new.get(key, _ABSENT))}"
+    return None
+
+
+def saved_config_matches(run_dir: Path, wanted: dict[str, Any]) -> bool:
+    return saved_config_difference(run_dir, wanted) is None
+
+
+_ABSENT = object()
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is _ABSENT else json.dumps(value)
+
+
+# How far a command looks for a free default directory (runs/<name>-N) before giving up.
+MAX_DEFAULT_SUFFIX = 999
+
+
+def default_directory(base: Path, reusable: Callable[[Path], bool]) -> Path:
+    """The first of `base`, `base-2`, `base-3`, ... that is absent, empty, or `reusable`
+    (holds lmsim's output of this same configuration): an earlier output of another
+    configuration, or anything of the user's, is stepped around and kept."""
+    for n in range(1, MAX_DEFAULT_SUFFIX + 1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if not path.exists() or (path.is_dir() and not any(path.iterdir())) or reusable(path):
+            return path
+    raise ConfigError(f"{base}: {base.name}-2 ... -{MAX_DEFAULT_SUFFIX} are all taken; pass --out")
 
 
 def is_own_partial(path: Path) -> bool:
@@ -148,9 +217,10 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
     )
     (tmp / "config.yaml").write_text(_load_comment(results.summary) + yaml.safe_dump(results.config, sort_keys=False))
     if figure:
-        from lmsim.viz.run_cdf import plot_run_cdf
+        from lmsim.viz.run_cdf import plot_run_cdf, run_title
 
-        plot_run_cdf(results.requests, tmp / "cdf.png", title=results.config.get("name", ""))
+        plot_run_cdf(results.requests, tmp / "cdf.png", title=run_title(results.config, results.summary),
+                     policy=str(results.config.get("router", {}).get("policy", "")))  # fmt: skip
     (tmp / COMPLETE_MARKER).write_text(json.dumps(_jsonable(results.summary), indent=2) + "\n")
     if run_dir.exists() and any(run_dir.iterdir()):
         old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from lmsim.outputs import save_figure
-from lmsim.study.rundir import check_output_dir, write_kind_marker
-from lmsim.viz.axes import set_scale
+from lmsim.study.rundir import COMPARE_FILES, check_output_dir, write_kind_marker
+from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis
 from lmsim.viz.figures import FORMATS
 from lmsim.viz.runs import PlotError, RunSet
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
@@ -33,15 +33,37 @@ OTHER_COLUMNS = (
     ("prefix_hit_ratio", "hit ratio", "{:.3f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
 )
-TABLE_FILE = "compare.csv"
-TEXT_FILE = "compare.txt"
+# Shown only when some run has them (disaggregated clusters).
+DISAGG_COLUMNS = (
+    ("kv_transfer_s_mean", "KV transfer mean ms", "{:.1f}"),
+    ("kv_transfer_bytes_mean", "KV transfer mean MB", "{:.1f}"),
+    ("num_prefilled_on_decode", "prefilled on decode", "{:.0f}"),
+)
+# Shown when a compared run has lower KV tiers (lmsim.engine.kv_tiers): hit ratios per tier at
+# first admission and over every lookup, bytes moved and lane busy time (summed over instances).
+TIER_COLUMNS = (
+    ("prefix_hit_ratio_first_admission", "GPU hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_host", "host hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_first_admission_disk", "disk hit 1st", "{:.3f}"),
+    ("prefix_hit_ratio_host", "host hit", "{:.3f}"),
+    ("prefix_hit_ratio_disk", "disk hit", "{:.3f}"),
+    ("kv_h2d_bytes", "loaded GB", "{:.1f}"),
+    ("kv_offload_bytes_host", "offloaded GB", "{:.1f}"),
+    ("kv_h2d_busy_s", "load busy s", "{:.1f}"),
+    ("kv_d2h_busy_s", "store busy s", "{:.1f}"),
+)
+TABLE_FILE, TEXT_FILE = "compare.csv", "compare.txt"  # named in study.rundir.COMPARE_FILES
 CDF_STEM = "cdf"
-COMPARE_FILES = frozenset({TABLE_FILE, TEXT_FILE, "lmsim.json", *(f"{CDF_STEM}.{f}" for f in FORMATS)})
+COMPARE_DIR_FILES = COMPARE_FILES | {f"{CDF_STEM}.{f}" for f in FORMATS}
 
 
-def metric_columns() -> list[tuple[str, str, str]]:
+def metric_columns(index: pd.DataFrame | None = None) -> list[tuple[str, str, str]]:
+    """The table's columns; with the compared runs' `index`, also the disaggregation and
+    KV-tier columns when some run has them."""
     cols = [(f"{m}_{s}", f"{name} {s} ms", "{:.1f}") for m, name in LATENCIES for s in STATS]
-    return cols + list(OTHER_COLUMNS)
+    extra = [c for c in DISAGG_COLUMNS if index is not None and c[0] in index and index[c[0]].notna().any()]
+    tiers = index is not None and "kv_tiers_instances" in index and bool(index["kv_tiers_instances"].notna().any())
+    return cols + list(OTHER_COLUMNS) + extra + (list(TIER_COLUMNS) if tiers else [])
 
 
 def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -55,8 +77,8 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
     base_row = None
     if baseline is not None:
         base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
-    for key, column, form in metric_columns():
-        scale = 1000.0 if column.endswith(" ms") else 1.0
+    for key, column, form in metric_columns(index):
+        scale = 1000.0 if column.endswith(" ms") else 1e-6 if column.endswith(" MB") else 1e-9 if column.endswith(" GB") else 1.0
         if key in index:
             values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
         else:  # a run saved before this metric existed
@@ -72,13 +94,19 @@ def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFra
 
 
 def _baseline_run(data: RunSet, baseline: str) -> str:
+    """The run `--baseline` names: its label in the index, its row label in the printed
+    table (`policy=vllm`), or its directory."""
     if baseline in set(data.index["run"]):
         return baseline
+    labels = {data.diff_label(row): row["run"] for _, row in data.index.iterrows()}
+    if baseline in labels:
+        return labels[baseline]
     wanted = Path(baseline).resolve()
     for run in data.index["run"]:
         if data.run_dir(run).resolve() == wanted:
             return run
-    raise PlotError(f"--baseline {baseline}: not one of the compared runs (give its directory)")
+    raise PlotError(f"--baseline {baseline}: not one of the compared runs "
+                    f"(give its directory or its row label: {', '.join(labels)})")  # fmt: skip
 
 
 def format_table(table: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
@@ -105,7 +133,7 @@ def format_text(table: pd.DataFrame, formats: dict[str, str]) -> str:
 
 def plot_compare_cdf(data: RunSet) -> plt.Figure:
     """TTFT, TPOT and E2E CDFs (ms), every run overlaid, labelled by its differences."""
-    metrics = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("e2e_s", "E2E (ms)"))
+    metrics = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     seen: dict[str, int] = {}
     for _, row in data.index.iterrows():
@@ -123,13 +151,12 @@ def plot_compare_cdf(data: RunSet) -> plt.Figure:
                         ls=VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)], label=data.diff_label(row))  # fmt: skip
     for ax, (_, name) in zip(axes, metrics):
         xs = [line.get_xdata() for line in ax.get_lines()]
-        set_scale(ax, "x", np.concatenate(xs) if xs else np.array([]))
-        ax.set_xlabel(name)
+        ax.set_xlabel(f"{name} ({latency_axis(ax, 'x', np.concatenate(xs) if xs else np.array([]))})")
         ax.set_ylabel("CDF")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     # Below the panels: labels name every difference and may be long.
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=7, ncol=1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=LEGEND_FONTSIZE, ncol=1)
     fig.suptitle(data.title(data.index), fontsize=10)
     return fig
 
@@ -138,7 +165,7 @@ def write_compare(data: RunSet, table: pd.DataFrame, text: str, out: str | os.Pa
     """Write the table (CSV and text) and the overlaid CDFs into `out`, a new directory or
     one `lmsim compare` wrote before (nothing else is replaced)."""
     out_dir = Path(out)
-    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_FILES)
+    check_output_dir(out_dir, "compare", overwrite=True, allowed_files=COMPARE_DIR_FILES)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_kind_marker(out_dir, "compare")
     written = []

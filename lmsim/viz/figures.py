@@ -8,6 +8,9 @@ Kinds (seed figure in brackets):
   error    CDF of the relative error of the predicted TTFT (runs that logged predictions) [16]
   hotspot  per-minute class popularity x/x̄ vs cache coverage |M|/|M̄| with the alarm windows,
            and TTFT/TPOT over time per policy [21]
+  tiers    hit ratio at first admission (GPU; host + disk) and mean/P99 TTFT vs a swept KV
+           tier capacity (`cluster.kv_tiers.host.capacity_gb`, ...; 0 = no tier), one line per
+           policy: a capacity sweep, or a router ranking with and without a tier [issue 26]
 
 Swept keys are split into series (router.*: one line each, labelled by policy and the swept
 router params), the x axis (a rate key, or the plotted hyperparameter) and facets (every
@@ -29,15 +32,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from lmsim.outputs import check_output_file, is_signed_figure, save_figure
+from lmsim.outputs import (
+    FIGURE_DIR_MARKER,
+    FIGURE_FORMATS,
+    check_output_file,
+    is_signed_figure,
+    save_figure,
+)
 from lmsim.study.index import RATE_KEYS
-from lmsim.viz.axes import panel_title, set_scale
+from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis, panel_title, set_scale, wants_log
 from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
-KINDS = ("cdf", "rate", "param", "error", "hotspot")
-FORMATS = ("png", "svg", "pdf")
+KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
+FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
 __all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
@@ -113,12 +122,24 @@ def _cdf_curves(data: RunSet, runs: pd.DataFrame, metric: str) -> tuple[np.ndarr
 
 # -- kinds -------------------------------------------------------------------------------
 
-_CDF_METRICS = (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"))
+_CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 
 
 def _legend(ax: Any, data: RunSet, **kw: Any) -> None:
     title = "mean of seeds, 95% CI" if data.has_seeds() else None
-    ax.legend(fontsize=7, title=title, title_fontsize=7, **kw)
+    ax.legend(fontsize=LEGEND_FONTSIZE, title=title, title_fontsize=LEGEND_FONTSIZE, **kw)
+
+
+def _latency_axes(panels: list[tuple[Any, int, str, np.ndarray]], axis: str) -> None:
+    """Scale each latency panel (axes, column, label, data in ms): ms or s by its own data,
+    and one scale type per column, so a metric is not linear in one row and logarithmic
+    in the next (log where any row of the column spans decades)."""
+    log = {}
+    for _, column, _, values in panels:
+        log[column] = log.get(column, False) or wants_log(values)
+    for ax, column, label, values in panels:
+        unit = latency_axis(ax, axis, values, log=log[column])
+        (ax.set_xlabel if axis == "x" else ax.set_ylabel)(f"{label} ({unit})")
 
 
 def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) -> plt.Figure:
@@ -128,9 +149,10 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
     facets = data.facets()
     fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
                              squeeze=False)  # fmt: skip
+    panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
-        for ax, (metric, name) in zip(row_axes, metrics):
+        for column, (ax, (metric, name)) in enumerate(zip(row_axes, metrics)):
             plotted = []
             for label, runs in _series(data, frame):
                 x, y, half = _cdf_curves(data, runs, metric)
@@ -141,19 +163,39 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
                 if half is not None:
                     ax.fill_betweenx(y, np.maximum(x - half, 0.0), x + half, color=color, alpha=0.2, lw=0)
                 plotted.append(x)
-            set_scale(ax, "x", np.concatenate(plotted) if plotted else np.array([]))
-            ax.set_xlabel(name)
+            panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.set_ylabel("CDF")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             panel_title(ax, title)
         _legend(row_axes[-1], data, loc="lower right")
+    _latency_axes(panels, "x")
     fig.tight_layout()
     return fig
 
 
-_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
-                   ("tpot_s_mean", "mean TPOT (ms)"), ("tpot_s_p99", "P99 TPOT (ms)"))  # fmt: skip
+_LATENCY_PANELS = (("ttft_s_mean", "mean TTFT"), ("ttft_s_p99", "P99 TTFT"),
+                   ("tpot_s_mean", "mean TPOT"), ("tpot_s_p99", "P99 TPOT"))  # fmt: skip
+
+
+def _mean_line(ax: Any, stats: pd.DataFrame, style: tuple[str, str, Any], label: str) -> np.ndarray:
+    """One series' mean against x (`stats`: mean, std, count per x), with a 95% band where
+    x has several runs (seeds); returns the plotted means."""
+    color, marker, ls = style
+    ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+    if (stats["count"] > 1).any():
+        half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
+                for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
+        ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half, color=color, alpha=0.2, lw=0)
+    return stats["mean"].to_numpy()
+
+
+def _label_panel(ax: Any, x_label: str, y_label: str, title: str) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.grid(alpha=0.3)
+    panel_title(ax, title, width=45)
 
 
 def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
@@ -161,35 +203,30 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
     with seeds, the mean over seeds and a 95% confidence band."""
     facets = data.facets(exclude=exclude)
     fig, axes = plt.subplots(len(facets), 4, figsize=(15, 3.0 * len(facets)), squeeze=False)
+    panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
-        for ax, (metric, name) in zip(row_axes, _LATENCY_PANELS):
+        for column, (ax, (metric, name)) in enumerate(zip(row_axes, _LATENCY_PANELS)):
             plotted = []
             for label, lines in _series(data, frame):
                 grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
                 stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                color, marker, ls = styles[label]
+                color = styles[label][0]
                 if not len(stats) and grouped["_y"].notna().any():
                     # A policy without the plotted parameter: its value as a reference line.
                     level = float(grouped["_y"].mean())
                     ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
                     plotted.append(np.array([level]))
                     continue
-                ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
-                if (stats["count"] > 1).any():
-                    half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
-                            for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
-                    ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half,
-                                    color=color, alpha=0.2, lw=0)  # fmt: skip
-                plotted.append(stats["mean"].to_numpy())
-            set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+                plotted.append(_mean_line(ax, stats, styles[label], label))
+            panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
-            ax.set_ylabel(name)
             ax.grid(alpha=0.3)
             panel_title(ax, title, width=45)
         # Beside the row, not on it: lines fill every corner of these panels somewhere.
         _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    _latency_axes(panels, "y")
     fig.tight_layout()
     return fig
 
@@ -299,7 +336,7 @@ def plot_error(data: RunSet) -> plt.Figure:
     ax.set_ylabel("CDF")
     ax.axvline(0.2, color="grey", lw=0.8, ls="--")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=LEGEND_FONTSIZE)
     fig.tight_layout()
     return fig
 
@@ -385,7 +422,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
             ax.axvline(start / 60.0, color="darkorange", lw=1.2, label="alarm raised" if i == 0 else None)
         set_scale(ax, "y", np.concatenate([(x / (1 - x)).to_numpy(), (m / (n - m)).to_numpy()]))
         ax.set_title("(a) the class that raised the alarm (shaded: alarm on)", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND_FONTSIZE)
     else:
         ax.text(0.02, 0.5, "the detector raised no alarm", transform=ax.transAxes, fontsize=9)
         ax.set_title("(a) hotspot ratios of the alarming class", fontsize=9)
@@ -395,7 +432,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     ax.set_ylabel("ratio")
     ax.grid(alpha=0.3)
     styles = _line_style(data, same)
-    panels = ((axes[1], "ttft_s", "mean TTFT (ms)", "(b)"), (axes[2], "tpot_s", "mean TPOT (ms)", "(c)"))
+    panels = ((axes[1], "ttft_s", "mean TTFT", "(b)"), (axes[2], "tpot_s", "mean TPOT", "(c)"))
     for a, metric, name, tag in panels:
         plotted = []
         for label, runs_of in _series(data, same):
@@ -405,19 +442,77 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
                 color, marker, ls = styles[label]
                 a.plot(per_min.index + 0.5, per_min.to_numpy(), color=color, marker=marker, ls=ls, ms=3, label=label)
                 plotted.append(per_min.to_numpy())
-        set_scale(a, "y", np.concatenate(plotted) if plotted else np.array([]))
-        a.set_ylabel(name)
+        a.set_ylabel(f"{name} ({latency_axis(a, 'y', np.concatenate(plotted) if plotted else np.array([]))})")
         a.set_title(f"{tag} {name} per arrival minute", fontsize=9)
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend(fontsize=LEGEND_FONTSIZE)
     axes[2].set_xlabel("minute of the run")
     fig.suptitle(data.title(same), fontsize=10)
     fig.tight_layout()
     return fig
 
 
+def tier_key(data: RunSet) -> str:
+    """The swept tier capacity (the first, if several are)."""
+    swept = [k for k in data.keys if "kv_tiers" in k and ".capacity_" in k and _free(data, k)]
+    if not swept:
+        raise PlotError(
+            f"{data.root}: a tiers plot needs a sweep over a KV tier capacity "
+            "(cluster.kv_tiers.host.capacity_gb or capacity_blocks) with at least two values"
+        )
+    return swept[0]
+
+
+_TIER_PANELS = (
+    ("gpu", "GPU hit ratio, 1st admission"), ("lower", "host + disk hit ratio, 1st admission"),
+    ("ttft_s_mean", "mean TTFT (ms)"), ("ttft_s_p99", "P99 TTFT (ms)"),
+)  # fmt: skip
+
+
+def plot_tiers(data: RunSet) -> plt.Figure:
+    """Hit ratios by tier and TTFT against the swept tier capacity, one row per workload,
+    one line per policy (mean over seeds with a 95% band). A run without tiers (capacity 0)
+    found nothing below the GPU: its lower-tier ratio is 0."""
+    key = tier_key(data)
+    tier = "disk" if ".disk." in key else "host"
+    unit = "GB" if key.endswith("capacity_gb") else "blocks"
+    x_label = f"{tier} tier per instance ({unit})"
+    facets = data.facets(exclude=(key,))
+    fig, axes = plt.subplots(len(facets), len(_TIER_PANELS), figsize=(15, 3.0 * len(facets)), squeeze=False)
+    for (title, frame), row_axes in zip(facets, axes):
+        styles = _line_style(data, frame)
+
+        def column(name: str, frame: pd.DataFrame = frame) -> pd.Series:
+            if name not in frame:
+                return pd.Series(0.0, index=frame.index)
+            return pd.to_numeric(frame[name], errors="coerce").astype(float)
+
+        values = {
+            "gpu": column("prefix_hit_ratio_first_admission"),
+            "lower": column("prefix_hit_ratio_first_admission_host").fillna(0.0)
+            + column("prefix_hit_ratio_first_admission_disk").fillna(0.0),
+            "ttft_s_mean": column("ttft_s_mean") * 1000.0,
+            "ttft_s_p99": column("ttft_s_p99") * 1000.0,
+        }
+        for ax, (metric, name) in zip(row_axes, _TIER_PANELS):
+            plotted = []
+            for label, lines in _series(data, frame):
+                points = pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]})
+                stats = points.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
+                plotted.append(_mean_line(ax, stats, styles[label], label))
+            if metric.startswith("ttft"):
+                set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
+            else:
+                ax.set_ylim(bottom=0)
+            _label_panel(ax, x_label, name, title)
+        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
+
+
 PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
     "cdf": plot_cdf, "rate": plot_rate, "param": plot_param, "error": plot_error, "hotspot": plot_hotspot,
+    "tiers": plot_tiers,
 }  # fmt: skip
 
 
@@ -429,6 +524,7 @@ def supported_kinds(data: RunSet) -> list[str]:
         "param": lambda: param_key(data),
         "error": lambda: _prediction_runs(data),
         "hotspot": lambda: _hotspot_runs(data),
+        "tiers": lambda: tier_key(data),
     }
     for kind, check in checks.items():
         try:
@@ -483,15 +579,12 @@ def make_figures(
     return written
 
 
-FIGURE_MARKER = ".lmsim-figures"
-
-
 def _check_figure_dir(out_dir: Path, names: list[str]) -> None:
     """Figures replace only files lmsim wrote: a same-named file in a directory lmsim did
     not create (no marker) is the user's, and the command stops before writing anything."""
-    if out_dir.is_dir() and not (out_dir / FIGURE_MARKER).exists():
+    if out_dir.is_dir() and not (out_dir / FIGURE_DIR_MARKER).exists():
         clashes = [n for n in names if (out_dir / n).exists()]
         if clashes:
             raise PlotError(f"{out_dir}: {clashes[0]} exists and was not written by lmsim; choose another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / FIGURE_MARKER).touch()
+    (out_dir / FIGURE_DIR_MARKER).touch()

@@ -14,18 +14,25 @@ import html
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lmsim.errors import LmsimError
-from lmsim.outputs import SIGNATURE, check_output_file, is_signed_figure, write_text
+from lmsim.errors import LmsimError, counted
+from lmsim.outputs import (
+    SIGNATURE,
+    check_output_file,
+    is_signed_figure,
+    is_signed_report,
+    write_text,
+)
 from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
 from lmsim.viz.compare import compare_table, format_table
 from lmsim.viz.figures import FIGURES_DIR, make_figures, supported_kinds
-from lmsim.viz.runs import RunSet
+from lmsim.viz.runs import PlotError, RunSet
 
 REPORT_FILE = "report.html"
 # The report's table: the headline statistics (compare.csv has every one).
@@ -45,9 +52,16 @@ class ReportError(LmsimError):
 
 
 def find_sweeps(root: Path) -> list[Path]:
+    """`root` itself when it is a sweep or a run, else every sweep and run below it at any
+    depth (`runs/quickstart`, `runs/traces/chatbot`, `runs/paper/fig22`), in name order. A
+    sweep's runs belong to its section, and hidden or figure folders hold no runs."""
     if (root / INDEX_FILE).exists() or is_complete(root):
         return [root]
-    return sorted(p.parent for p in root.glob(f"*/{INDEX_FILE}"))
+    found = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        if not child.name.startswith(".") and child.name != FIGURES_DIR:
+            found.extend(find_sweeps(child))
+    return found
 
 
 def provenance() -> dict[str, str]:
@@ -109,7 +123,7 @@ def _section(paths: list[Path], title: str) -> str:
     data = RunSet(paths if len(paths) > 1 else paths[0])
     anchor = html.escape(title)
     parts = [f'<h2 id="{anchor}">{anchor}</h2>', f"<p>{html.escape(data.title(data.index))}; "
-             f"{len(data.index)} run(s); rows name what differs: "
+             f"{counted(len(data.index), 'run')}; rows name what differs: "
              f"{html.escape(', '.join(data.keys) or 'nothing')}</p>"]  # fmt: skip
     kinds = supported_kinds(data)
     drawn = _drawn_figures(paths, kinds)
@@ -152,21 +166,18 @@ def _drawn_figures(paths: list[Path], kinds: list[str]) -> dict[str, Path]:
     return found
 
 
-def is_report(path: Path) -> bool:
-    """An HTML page `write_report` wrote (signed in its head)."""
-    with open(path, "rb") as fh:
-        return SIGNATURE.encode() in fh.read(4096)
-
-
 def write_report(
     roots: str | os.PathLike[str] | list[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
     *,
     overwrite: bool = False,
+    warn: Callable[[str], None] = print,
 ) -> Path:
     """One directory: its sweeps (or itself, a sweep or a run), a section each. Several
     directories: one section comparing all their runs; `out` is then required. A file at
-    the output path that lmsim did not write is replaced only with `overwrite`."""
+    the output path that lmsim did not write is replaced only with `overwrite`. A section
+    that cannot be drawn (a sweep without complete runs) is skipped, said on the page and
+    through `warn`, unless it is the only one."""
     given = [Path(r) for r in (roots if isinstance(roots, list) else [roots])]
     if len(given) == 1:
         root = given[0]
@@ -181,8 +192,20 @@ def write_report(
         sections = [(", ".join(p.name for p in given), given)]
         path = Path(out)
         root = path.resolve().parent
-    path = check_output_file(path, overwrite=overwrite, ours=is_report)
-    body = "\n".join(_section(paths, title) for title, paths in sections)
+    path = check_output_file(path, overwrite=overwrite, ours=is_signed_report)
+    parts = []
+    for title, paths in sections:
+        try:
+            parts.append(_section(paths, title))
+        except PlotError as exc:
+            if len(sections) == 1:
+                raise
+            # One sweep without complete runs does not take a report of many down with it.
+            reason = str(exc).removeprefix(f"{paths[0]}: ")
+            anchor = html.escape(title)
+            parts.append(f'<h2 id="{anchor}">{anchor}</h2><p>skipped: {html.escape(reason)}</p>')
+            warn(f"lmsim report: {paths[0]}: skipped, {reason}")
+    body = "\n".join(parts)
     meta = provenance()
     toc = "".join(f'<li><a href="#{html.escape(t)}">{html.escape(t)}</a></li>' for t, _ in sections)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{SIGNATURE}'>"

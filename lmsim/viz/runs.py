@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ from lmsim.errors import LmsimError
 from lmsim.study.expand import format_value
 from lmsim.study.index import INDEX_FILE, RATE_KEYS, SPEC_FILE, _offered_rate, read_index
 from lmsim.study.rundir import COMPLETE_MARKER, is_complete
+from lmsim.viz.titles import load_words, model_words, trace_words
 
 # Config fields that name or place a run, or only check it: they never distinguish results.
 IGNORED_KEYS = ("name", "description", "output.dir", "output.figures", "simulation.check", "sweep", "zip")
 SEED_KEY = "seed"
-TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
-               "hotspot": "Hotspot", "conversation": "Conversation"}  # fmt: skip
 
 
 class PlotError(LmsimError):
@@ -47,12 +45,16 @@ def _missing(value: Any) -> bool:
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys to scalar values; lists become their compact text."""
+    """Dotted keys to scalar values; a list of mappings (`cluster.pools`) is numbered as
+    `--set` and `sweep:` name its entries (`cluster.pools.0.num_instances`); other lists
+    become their compact text."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict) and value:
             flat.update(flatten(value, dotted + "."))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            flat.update(flatten({str(i): v for i, v in enumerate(value)}, dotted + "."))
         elif isinstance(value, (list, dict)):
             flat[dotted] = format_value(value) if value else None
         else:
@@ -76,12 +78,21 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# Keys of a cluster's pools and KV transfer: they move with the policy when disaggregated
+# runs sit beside colocated ones, and would otherwise fill the legend.
+_SHAPE_KEYS = ("cluster.pools.", "cluster.kv_transfer.")
 # Short names a reader knows; every other key is shortened to its last component.
 SHORT_NAMES = {"workload.generator.name": "trace", "workload.trace": "trace", "router.policy": "policy"}
 
 
 def short_key(key: str) -> str:
-    return SHORT_NAMES.get(key, key.rsplit(".", 1)[-1])
+    if key in SHORT_NAMES:
+        return SHORT_NAMES[key]
+    parts = key.split(".")
+    numbered = [i for i, p in enumerate(parts) if p.isdigit()]
+    if numbered:  # an entry of a list: keep the list's name and the number (pools.0.role)
+        return ".".join(parts[numbered[-1] - 1:])
+    return parts[-1]
 
 
 def fmt(value: Any) -> str:
@@ -90,34 +101,6 @@ def fmt(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return repr(value)
     return format_value(value)
-
-
-def model_words(profile: Any) -> str:
-    """'h20/qwen3-30b-a3b' -> 'Qwen3-30B-A3B on H20'."""
-    if isinstance(profile, str) and "/" in profile:
-        gpu, model = profile.split("/", 1)
-        model = "-".join(p.upper() if re.fullmatch(r"[a-z]?\d+(\.\d+)?[bm]", p) else p for p in model.split("-"))
-        model = re.sub(r"^qwen", "Qwen", re.sub(r"^llama", "Llama", model))
-        return f"{model} on {gpu.upper()}"
-    return str(profile)
-
-
-def trace_words(config: dict[str, Any]) -> str:
-    name = config.get("workload.generator.name")
-    if name:
-        return TRACE_NAMES.get(str(name), str(name))
-    trace = config.get("workload.trace")
-    return Path(str(trace)).stem if trace else "workload"
-
-
-def load_words(config: dict[str, Any]) -> str | None:
-    if config.get("workload.load") is not None:
-        return f"load {100 * float(config['workload.load']):.0f}% of capacity"
-    if config.get("workload.rate") is not None:
-        return f"{float(config['workload.rate']):g} req/s"
-    if config.get("workload.time_scale") is not None:
-        return f"time scale ×{float(config['workload.time_scale']):g}"
-    return None
 
 
 def _in_spec_order(root: Path, frame: pd.DataFrame) -> pd.DataFrame:
@@ -218,7 +201,12 @@ class RunSet:
         return [k for k in candidates if (per_line[k].nunique() == 1).all()]
 
     def facet_keys(self, exclude: tuple[str, ...] = ()) -> list[str]:
+        # keys zipped with the lines' router keys, or with the x axis (a prefill:decode
+        # split zips the decode count with the prefill count), are no panels of their own
         bound = self._bound_to([k for k in self.keys if k.startswith("router.")])
+        axis = [k for k in exclude if k in self.index and k not in RATE_KEYS]
+        if axis:
+            bound += self._bound_to(axis)
         return self.varying([k for k in self.keys if not k.startswith("router.") and k != SEED_KEY
                              and k not in exclude and k not in bound])  # fmt: skip
 
@@ -230,6 +218,8 @@ class RunSet:
         label = str(row.get("policy", row.get("router.policy", "run")))
         config = self.configs.get(row["run"], {})
         for k in self.varying(self.series_keys()):
+            if k.startswith(_SHAPE_KEYS):
+                continue  # how a disaggregated cluster is laid out, not what tells its lines apart
             value = config.get(k, row.get(k))  # the config keeps 2 an int where the index has 2.0
             if k != "router.policy" and value is not None and not (isinstance(value, float) and np.isnan(value)):
                 label += f", {short_key(k)}={fmt(value)}"

@@ -14,6 +14,10 @@
   `prefix_hit_blocks_{p50,p90,p99}` per request; `requests_with_hit_share`;
 - `continuation_share`: requests containing the second-to-last block of an earlier
   request with >= 3 blocks;
+- `continuations_linked`, `continuations_inferred`, `continuations_refused`: rows whose
+  continuation (the row whose prompt names their output blocks in the engine,
+  `trace.find_continuations`) is linked by `after_id`/`parent_id`, guessed by prefix
+  extension, or not guessed because the extension was ambiguous (a shared prefix);
 - `prefix_d{1,2,8,16}_{distinct,top1_share,top10_share}` over requests with >= d blocks,
   shares relative to all requests;
 - `reuse_gap_{p50,p80,p90,p99}_s` between consecutive accesses of one block,
@@ -29,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lmsim.workload.trace import Trace
+from lmsim.workload.trace import Trace, find_continuations
 
 DEPTHS = (1, 2, 8, 16)
 
@@ -79,6 +83,10 @@ def trace_stats(trace: Trace) -> dict[str, Any]:
     s["input_share_gt_32k"] = float((trace.input_tokens >= 32768).mean()) if n else math.nan
 
     s.update(_block_stats(trace))
+    found = find_continuations(trace)
+    s["continuations_linked"] = found.linked
+    s["continuations_inferred"] = found.inferred
+    s["continuations_refused"] = found.refused
     return s
 
 
@@ -192,6 +200,10 @@ _SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
                       ("prefix_hit_blocks_p99", "prefix hit blocks p99"),
                       ("requests_with_hit_share", "requests with any hit"),
                       ("continuation_share", "continuation requests")]),
+    ("Continuations (output blocks named by a later row)",
+     [("continuations_linked", "linked (after_id, parent_id)"),
+      ("continuations_inferred", "guessed by prefix extension"),
+      ("continuations_refused", "refused as ambiguous")]),
     ("Prefix popularity", [(f"prefix_d{d}_{k}", f"depth {d}: {k.replace('_', ' ')}")
                            for d in DEPTHS for k in ("distinct", "top1_share", "top10_share")]),
     ("Reuse gaps", [(f"reuse_gap_p{q}_s", f"reuse gap p{q} (s)") for q in (50, 80, 90, 99)]

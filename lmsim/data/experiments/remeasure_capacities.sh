@@ -6,5 +6,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 start=$SECONDS
-nice lmsim capacity --bundle --refresh experiments/*.yaml experiments/traces/*.yaml experiments/paper/*.yaml
+nice lmsim capacity --bundle --refresh experiments/*.yaml experiments/traces/*.yaml experiments/paper/*.yaml \
+  experiments/bench/*.yaml
 echo "re-measured in $((SECONDS - start)) s"

@@ -1,0 +1,471 @@
+"""Prefill/decode disaggregation: a request's prompt is computed on a prefill instance, its
+KV moves over the network to a decode instance, and the decode instance produces every
+output token (issue 25).
+
+The lifecycle is vLLM's NixlConnector, which Dynamo's mocker models in its vLLM mode
+("source-first handoff", `ai-dynamo/aisimulate` `crates/core/src/replay/README.md`; vLLM
+`vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`):
+
+1. At arrival a disaggregated policy (`lmsim.policies.disagg`) names a prefill instance P
+   and a decode instance D (`decode_choice: after_prefill` names D when the prefill is
+   done), or no prefill instance at all: then the request is prefilled on D like on a
+   colocated instance (a conditional bypass).
+2. P runs a prefill leg: the same prompt, one output token, never shown to the client (the
+   llm-d sidecar sends the prefill pod `max_tokens=1`; the mocker's "hidden one-token
+   bootstrap request"). When it finishes, P keeps its blocks (vLLM `request_finished`
+   returning `delay_free_blocks`) and the request joins D's waiting queue.
+3. D admits it first come first served like any request. Its connector side
+   (`get_num_new_matched_tokens`) offers the whole prompt blocks D does not cache; D
+   allocates them (vLLM `allocate_slots`), which needs room: while D has none the request
+   waits at the head of D's queue and P keeps holding its KV, the backpressure a prefill
+   pool feels when decode is full. Once allocated, the transfer starts.
+4. The transfer moves `kv_transfer.tokens` worth of KV (the blocks D lacks, or the whole
+   prompt as the mocker prices it by default) x the prefill profile's `kv_bytes_per_token`
+   over P's egress and D's ingress channel (`lmsim.engine.links`, bandwidth, first-byte
+   latency, `sharing` fair, fifo or none). When its last byte lands, P frees its blocks
+   (they stay in P's prefix cache) and D caches the received blocks.
+5. At D's next step boundary the request computes what is left (the partial last block, at
+   least the last token: vLLM recomputes it to sample) and samples the first token the
+   client sees. TTFT = that token - arrival.
+
+A decode instance that already caches every whole block of the prompt receives nothing
+(0 bytes) and tells the prefill instance at once. A request preempted on D later recomputes
+there (the prefill's KV is gone).
+
+The request object the client sees lives on D; the prefill leg is a second `Request` with
+the same id that exists only on P. The engine's records follow the client; the leg's
+admission facts (first scheduled, prefix hit, lookups, preemptions) are folded into it when
+its prefill is done, so `cached_tokens` is the prefill instance's hit, as the mocker
+reports (`prefix_cache_reused_ratio` of the prefill pool).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.connector import attach_connector
+from lmsim.engine.instance import materialize_all
+from lmsim.engine.links import Channel, Transfer, TransferNetwork
+from lmsim.engine.request import Request
+from lmsim.engine.router import RouterBase
+from lmsim.errors import ConfigError
+from lmsim.profile import kv_bytes_per_token
+
+if TYPE_CHECKING:
+    from lmsim.engine.scheduler import InstanceScheduler, StepOutcome
+
+Simulation = Any  # the composition root that builds this (importing it would be a cycle)
+
+# A handoff's states: the leg runs on P; P holds its KV and the request is about to join D's
+# queue; it waits there; the KV moves; D needed nothing and P is told.
+PREFILLING, HANDING, AWAITING, TRANSFERRING, RELEASING = 0, 1, 2, 3, 4
+
+
+def check_disaggregated_pools(pools: list[Any], cost_models: dict[str, Any], where: str = "") -> None:
+    """One line (ConfigError) when a disaggregated cluster's pools cannot run: a `both` pool
+    among them, or a prefill profile that does not say how many KV bytes a token is."""
+    prefix = f"{where}: " if where else ""
+    both = [p.name for p in pools if p.role == "both"]
+    if both:
+        raise ConfigError(
+            f"{prefix}cluster.pools.{both[0]}.role: a disaggregated cluster has prefill and decode pools "
+            "only (a decode instance prefills a request itself when the policy bypasses the prefill pool)"
+        )
+    for pool in pools:
+        if pool.role == "prefill" and kv_bytes_per_token(cost_models[pool.name]) is None:
+            raise ConfigError(
+                f"{prefix}cluster.pools.{pool.name}.profile: a prefill pool's profile must state "
+                "kv_bytes_per_token (the KV bytes a transfer moves per token)"
+            )
+
+
+class Handoff:
+    """One disaggregated request between its arrival and the landing of its KV."""
+
+    __slots__ = ("bytes", "client", "decode_id", "leg", "prefill_id", "started_at", "state")
+
+    def __init__(self, client: Request, leg: Request, prefill_id: int, decode_id: int | None) -> None:
+        self.client = client
+        self.leg = leg
+        self.prefill_id = prefill_id
+        self.decode_id = decode_id
+        self.state = PREFILLING
+        self.started_at = 0.0
+        self.bytes = 0
+
+
+class Disaggregation:
+    """The prefill and decode instances' KV connector, and the handoff between them."""
+
+    def __init__(self, sim: Simulation) -> None:
+        cfg = sim.config.cluster
+        self.sim = sim
+        self.env = sim.env
+        self.transfer = cfg.transfer
+        self.block_size = cfg.block_size
+        check_disaggregated_pools(sim.pools, sim.pool_cost_models)
+        self.prefill_ids = [i.instance_id for i in sim.instances if i.pool.role == "prefill"]
+        self.decode_ids = [i.instance_id for i in sim.instances if i.pool.role == "decode"]
+        self._kv_bytes = {
+            i: float(kv_bytes_per_token(sim.pool_cost_models[pool.name]))  # type: ignore[arg-type]
+            for pool in sim.pools if pool.role == "prefill" for i in pool.instance_ids
+        }
+        bw = self.transfer.bandwidth_bytes_s
+        self.network = TransferNetwork(sim.env, self.transfer.sharing)
+        # one NIC per GPU, each direction its own channel
+        self.egress = {i: Channel(f"{i}.egress", bw) for i in self.prefill_ids}
+        self.ingress = {i: Channel(f"{i}.ingress", bw) for i in self.decode_ids}
+        self.handoffs: dict[int, Handoff] = {}
+        self.records = sim.recorder.enable_handoffs()
+        self.num_transfers = 0
+        self.num_local_prefills = 0
+        self._handing: list[Handoff] = []  # prefills ended now, to hand over together
+        self._starting: list[Handoff] = []  # transfers started now, to submit together
+        prefill_side, decode_side = _PrefillSide(self), _DecodeSide(self)
+        for instance in sim.instances:
+            # first on its instance: a decode leg's KV comes from its prefill instance, and
+            # only what that does not supply is looked up in lower tiers (lmsim.engine.kv_tiers)
+            attach_connector(instance.scheduler, prefill_side if instance.pool.role == "prefill" else decode_side)
+        self.policy: Any = None  # set by the DisaggRouter
+        self.router: DisaggRouter | None = None
+
+    def context(self, base: Any, seed: np.random.SeedSequence) -> DisaggContext:
+        return DisaggContext(base, self, seed)
+
+    # -- routing -------------------------------------------------------------------------
+
+    def start(self, request: Request, prefill_id: int, decode_id: int | None, now: float) -> bool:
+        """Queue `request`'s prefill leg on P (D now or after the prefill); False when it was
+        rejected instead."""
+        sim = self.sim
+        leg = Request(
+            request_id=request.request_id,
+            arrived_at=request.arrived_at,
+            input_tokens=request.input_tokens,
+            output_tokens=1,
+            block_hashes=request.block_hashes,
+            trace_hash_ids=request.trace_hash_ids,
+            session_id=request.session_id,
+            parent_id=request.parent_id,
+            class_id=request.class_id,
+            slo_class=request.slo_class,
+        )
+        leg.routed_at = now
+        leg.instance_id = prefill_id
+        reason = sim.dispatch_problem(leg, prefill_id)
+        if reason is None and decode_id is not None:
+            reason = sim.dispatch_problem(request, decode_id, queue=False)
+        if reason is not None:
+            sim.reject(request, reason)
+            return False
+        self.handoffs[request.request_id] = Handoff(request, leg, prefill_id, decode_id)
+        self.records.prefill_instance_id[request.request_id] = prefill_id
+        sim.instances[prefill_id].submit(leg)
+        return True
+
+    def client_of(self, leg: Request) -> Request:
+        """The client request of a prefill leg, with the leg's admission facts folded in."""
+        h = self.handoffs[leg.request_id]
+        _fold(h.leg, h.client)
+        return h.client
+
+    def clients_in_handover(self) -> list[Request]:
+        """Requests whose prefill ended at the instant a run was cut short, not yet queued on
+        their decode instance (on no instance's lists)."""
+        return [h.client for h in self._handing]
+
+    # -- the prefill side ----------------------------------------------------------------
+
+    def on_prefill_step_end(self, outcome: StepOutcome, now: float) -> None:
+        for leg in outcome.finished:  # a leg finishes with its one token
+            h = self.handoffs[leg.request_id]
+            _fold(leg, h.client)
+            self.records.prefill_done_at[leg.request_id] = now
+            self.policy.on_prefill_done(leg)
+            h.state = HANDING
+            if not self._handing:
+                schedule_at(self.env, now, ARRIVAL, self._hand_over)
+            self._handing.append(h)
+
+    def _hand_over(self, _event: Any) -> None:
+        """The requests whose prefill ended now join their decode queues, like arrivals:
+        after every step that ends now has planned its successor (as a fast-forwarded run
+        sees it), and in request order, not in the order the prefill instances' steps
+        happened to end."""
+        handing, self._handing = sorted(self._handing, key=_by_request), []
+        for h in handing:
+            self._to_decode(h, self.env.now)
+
+    def on_leg_rejected(self, leg: Request) -> None:
+        h = self.handoffs.pop(leg.request_id)
+        _fold(leg, h.client)
+        self.policy.on_prefill_done(leg)  # the prefill side's counters let go of it
+        self.sim._on_engine_rejected(h.client)
+
+    def _to_decode(self, h: Handoff, now: float) -> None:
+        sim = self.sim
+        client = h.client
+        if h.decode_id is None:
+            assert self.router is not None
+            h.decode_id = self.router.choose_decode(client, now)
+        reason = sim.dispatch_problem(client, h.decode_id)
+        if reason is not None:
+            del self.handoffs[client.request_id]
+            sim.instances[h.prefill_id].release_held(h.leg)
+            sim.reject(client, reason)
+            self.policy.on_finished(client)
+            return
+        h.state = AWAITING
+        sim.instances[h.decode_id].submit(client)
+
+    # -- the decode side -----------------------------------------------------------------
+
+    def blocks_to_receive(self, request: Request, local_hit_blocks: int) -> int:
+        h = self.handoffs.get(request.request_id)
+        if h is None or h.state != AWAITING:
+            return 0
+        missing = request.input_tokens // self.block_size - local_hit_blocks
+        if missing > 0:
+            return missing
+        # D caches every whole prompt block already: nothing to read, P may free its copy
+        h.state = RELEASING
+        now = self.env.now
+        self.records.kv_transfer_start_at[request.request_id] = now
+        self.records.kv_transfer_s[request.request_id] = 0.0
+        self.records.kv_transfer_bytes[request.request_id] = 0
+        schedule_at(self.env, now, ARRIVAL, lambda _e: self._finish(h))
+        return 0
+
+    def start_transfer(self, request: Request, num_blocks: int) -> None:
+        h = self.handoffs[request.request_id]
+        h.state = TRANSFERRING
+        tokens = num_blocks * self.block_size if self.transfer.tokens == "destination_missing" else request.input_tokens
+        nbytes = round(tokens * self._kv_bytes[h.prefill_id])
+        now = self.env.now
+        h.started_at = now
+        h.bytes = nbytes
+        rid = request.request_id
+        self.records.kv_transfer_start_at[rid] = now
+        self.records.kv_transfer_bytes[rid] = nbytes
+        self.num_transfers += 1
+        if not self._starting:
+            schedule_at(self.env, now, SAMPLE, self._submit_transfers)
+        self._starting.append(h)
+
+    def _submit_transfers(self, _event: Any) -> None:
+        """The transfers decode instances started now enter the network together, once every
+        instance has planned at this instant, by decode instance and load order: how they
+        share a link must not depend on which instance happened to plan first."""
+        starting, self._starting = sorted(self._starting, key=_by_destination), []
+        for h in starting:
+            self.network.submit(
+                h.bytes, (self.egress[h.prefill_id], self.ingress[h.decode_id]),  # type: ignore[index]
+                latency_s=self.transfer.latency_s, on_done=self._landed, tag=h,
+            )
+
+    def _landed(self, transfer: Transfer) -> None:
+        # Like an arrival, after every step that ends now (and never inside the decode
+        # instance's planning, which a transfer of nothing would otherwise interrupt).
+        schedule_at(self.env, self.env.now, ARRIVAL, lambda _e: self._received(transfer.tag))
+
+    def _received(self, h: Handoff) -> None:
+        self.records.kv_transfer_s[h.client.request_id] = self.env.now - h.started_at
+        self.sim.instances[h.decode_id].external_ready(h.client)  # type: ignore[index]
+        self._finish(h)
+
+    def _finish(self, h: Handoff) -> None:
+        del self.handoffs[h.client.request_id]
+        self.sim.instances[h.prefill_id].release_held(h.leg)
+
+
+def _by_request(h: Handoff) -> int:
+    return h.client.request_id
+
+
+def _by_destination(h: Handoff) -> tuple[int, int]:
+    return h.decode_id, h.client.kv_load_seq  # type: ignore[return-value]
+
+
+def _fold(leg: Request, client: Request) -> None:
+    """The prefill leg's admission facts become the client's (idempotent)."""
+    client.first_scheduled_at = leg.first_scheduled_at
+    client.cached_tokens = leg.cached_tokens
+    client.lookup_tokens = leg.lookup_tokens
+    client.lookup_hit_tokens = leg.lookup_hit_tokens
+    client.num_preemptions = leg.num_preemptions
+
+
+class _PrefillSide:
+    """The KV connector of a prefill instance: it loads nothing and keeps every finished
+    leg's blocks until its decode instance has read them."""
+
+    def __init__(self, disagg: Disaggregation) -> None:
+        self.disagg = disagg
+
+    def external_blocks(self, scheduler: InstanceScheduler, request: Request, local_hit_blocks: int) -> int:
+        return 0
+
+    def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
+        raise AssertionError("a prefill instance loads no KV")
+
+    def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
+        return True
+
+
+class _DecodeSide:
+    """The KV connector of a decode instance: a handed-off request's missing prompt blocks
+    come from its prefill instance."""
+
+    def __init__(self, disagg: Disaggregation) -> None:
+        self.disagg = disagg
+
+    def external_blocks(self, scheduler: InstanceScheduler, request: Request, local_hit_blocks: int) -> int:
+        return self.disagg.blocks_to_receive(request, local_hit_blocks)
+
+    def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
+        self.disagg.start_transfer(request, num_blocks)
+
+    def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
+        return False
+
+
+class DisaggRouter(RouterBase):
+    """The router of a disaggregated cluster: the policy names a (prefill, decode) pair."""
+
+    def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any) -> None:
+        super().__init__(disagg.sim.instances, cluster, policy, adapter)
+        self.disagg = disagg
+        self.sim = disagg.sim
+        disagg.policy = policy
+        disagg.router = self
+        self._prefill = set(disagg.prefill_ids)
+        self._decode = set(disagg.decode_ids)
+
+    def _check(self, choice: Any, allowed: set[int], what: str) -> int:
+        if not isinstance(choice, (int, np.integer)) or int(choice) not in allowed:
+            raise RuntimeError(f"policy {self.policy.registry_name} chose invalid {what} instance {choice!r}")
+        return int(choice)
+
+    def route(self, request: Request, now: float) -> None:
+        materialize_all(self.instances, now)
+        started = time.perf_counter()
+        prefill, decode = self.policy.choose_pair(request, self.view())
+        self.decision_wall_s += time.perf_counter() - started
+        self.num_decisions += 1
+        if prefill is None and decode is None:
+            raise RuntimeError(f"policy {self.policy.registry_name} chose neither a prefill nor a decode instance")
+        p = None if prefill is None else self._check(prefill, self._prefill, "prefill")
+        d = None if decode is None else self._check(decode, self._decode, "decode")
+        request.routed_at = now
+        request.instance_id = d
+        if p is None:  # prefilled on its decode instance
+            assert d is not None
+            if not self.sim._dispatch(request, d):
+                return
+            self.disagg.num_local_prefills += 1
+            self.instances[d].submit(request)
+        elif not self.disagg.start(request, p, d, now):
+            return
+        for where in (p, d):
+            if where is not None and self.adapter is not None:
+                self.adapter.on_routed(request, where)
+        self.policy.on_routed_pair(request, p, d)
+
+    def choose_decode(self, request: Request, now: float) -> int:
+        """`decode_choice: after_prefill`: the decode instance, now that the prefill is done."""
+        materialize_all(self.instances, now)
+        started = time.perf_counter()
+        choice = self.policy.choose_decode(request, self.view())
+        self.decision_wall_s += time.perf_counter() - started
+        d = self._check(choice, self._decode, "decode")
+        request.instance_id = d
+        if self.adapter is not None:
+            self.adapter.on_routed(request, d)
+        self.policy.on_decode_chosen(request, d)
+        return d
+
+
+class DisaggContext:
+    """What a disaggregated policy may use (lmsim.policies.disagg.DisaggContext): the
+    engine's context, the two roles' instance ids, and `side(role)`, a context restricted to
+    one role's instances for a policy that routes within it."""
+
+    def __init__(self, base: Any, disagg: Disaggregation, seed: np.random.SeedSequence) -> None:
+        self._base = base
+        self._seed = seed
+        self.prefill_ids = list(disagg.prefill_ids)
+        self.decode_ids = list(disagg.decode_ids)
+        self.decode_choice = disagg.transfer.decode_choice
+        for name in ("num_instances", "block_size", "max_num_batched_tokens", "max_num_seqs", "rng",
+                     "cost_model", "cost_models"):
+            setattr(self, name, getattr(base, name))
+        self._pool_engine = {i.instance_id: i.pool.engine for i in disagg.sim.instances}
+
+    def now(self) -> float:
+        return self._base.now()
+
+    def load_cost_model(self, spec: Any) -> Any:
+        return self._base.load_cost_model(spec)
+
+    def every(self, period_s: float, callback: Any) -> None:
+        self._base.every(period_s, callback)
+
+    def subscribe_kv_events(self, callback: Any) -> None:
+        self._base.subscribe_kv_events(callback)
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        self._base.record_event(kind, **fields)
+
+    def side(self, role: str) -> SideContext:
+        """A RouterContext over one role's instances (positions 0..n-1 of that role, in
+        instance order), with its own seeded random stream."""
+        ids = self.prefill_ids if role == "prefill" else self.decode_ids
+        (child,) = self._seed.spawn(1)
+        return SideContext(self, role, ids, np.random.default_rng(child))
+
+
+class SideContext:
+    """A RouterContext restricted to the instances `ids`: a policy bound to it sees them as
+    positions 0..len(ids)-1; KV events and recorded instance ids are translated."""
+
+    def __init__(self, parent: DisaggContext, role: str, ids: list[int], rng: np.random.Generator) -> None:
+        self._parent = parent
+        self.role = role
+        self.ids = ids
+        self._local = {g: k for k, g in enumerate(ids)}
+        engine = parent._pool_engine[ids[0]]
+        self.num_instances = len(ids)
+        self.block_size = parent.block_size
+        self.max_num_batched_tokens = engine["max_num_batched_tokens"]
+        self.max_num_seqs = engine["max_num_seqs"]
+        self.rng = rng
+        self.cost_models = [parent.cost_models[g] for g in ids]
+        self.cost_model = self.cost_models[0]
+
+    def now(self) -> float:
+        return self._parent.now()
+
+    def load_cost_model(self, spec: Any) -> Any:
+        return self._parent.load_cost_model(spec)
+
+    def every(self, period_s: float, callback: Any) -> None:
+        self._parent.every(period_s, callback)
+
+    def subscribe_kv_events(self, callback: Any) -> None:
+        local = self._local
+
+        def translated(instance_id: int, block_hash: int, stored: bool, at: float) -> None:
+            k = local.get(instance_id)
+            if k is not None:
+                callback(k, block_hash, stored, at)
+
+        self._parent.subscribe_kv_events(translated)
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        if "instance_id" in fields:
+            fields["instance_id"] = self.ids[fields["instance_id"]]
+        self._parent.record_event(kind, side=self.role, **fields)
