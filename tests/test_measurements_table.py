@@ -5,8 +5,8 @@ lmsim/data/profiles/MEASUREMENTS.md) is what `lmsim profile check` compares pred
 against, so a malformed row would silently drop out of the check or be priced under the
 wrong condition. These tests read the CSV with the standard library only (no lmsim code) and
 pin: the column order, one known kind and unit per row, the columns each kind needs, unique
-readable ids, a source and an https url on every row, positive numbers where numbers
-belong, a consistent parallel layout, and, for every row whose number was derived from a
+readable ids, a source and an https url on every row, a reason on every row marked out of
+scope, positive numbers where numbers belong, a consistent parallel layout, and, for every row whose number was derived from a
 published one, that the stated arithmetic ("measured = (6144+2048)/296.25 s") gives the
 value in `measured`.
 """
@@ -26,7 +26,7 @@ TABLE = Path(__file__).resolve().parents[1] / "lmsim" / "data" / "profiles" / "m
 COLUMNS = ["id", "source", "url", "gpu", "num_gpus", "tp", "model", "engine", "dtype", "kind",
            "batch", "input_tokens", "output_tokens", "context_tokens", "chunk_tokens",
            "q_heads", "kv_heads", "head_dim", "gemm_m", "gemm_n", "gemm_k",
-           "measured", "unit", "condition"]
+           "measured", "unit", "condition", "scope"]
 INT_COLUMNS = ["num_gpus", "tp", "batch", "input_tokens", "output_tokens", "context_tokens",
                "chunk_tokens", "q_heads", "kv_heads", "head_dim", "gemm_m", "gemm_n", "gemm_k"]
 GPUS = {"h20", "h100", "h200", "h800", "a100", "l40s", "a10g", "l4", "a40", "b200", "mi300x"}
@@ -73,6 +73,15 @@ def test_header_is_the_schema_in_order(table):
     assert header == COLUMNS
     assert all(None not in row for row in rows), "a row has more fields than the header"
     assert all(all(v is not None for v in row.values()) for row in rows), "a row has fewer fields than the header"
+
+
+def test_out_of_scope_rows_say_why(rows):
+    """`scope` is empty (in scope) or `out: <short label>: <why>`; the bar of `lmsim profile
+    check` applies to the in-scope rows, the others are predicted and counted apart."""
+    out = [r for r in rows if r["scope"]]
+    assert all(re.fullmatch(r"out: [^:]{3,60}: .{40,}", r["scope"]) for r in out), \
+        [r["id"] for r in out if not re.fullmatch(r"out: [^:]{3,60}: .{40,}", r["scope"])]
+    assert len(out) == 38
 
 
 def test_ids_are_unique_and_readable(rows):

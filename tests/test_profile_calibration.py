@@ -3,7 +3,8 @@ costmodel.md section 6 style tables pinned to the current form, KV capacity and 
 Everything goes through the table predictor.
 
 The constants below are those `lmsim profile calibrate` wrote into
-lmsim/data/hardware/gpus/h20.yaml (fit split of the measurement table); the hand arithmetic
+lmsim/data/hardware/gpus/h20.yaml and lmsim/data/hardware/engines.yaml (fit split of the
+measurement table); the hand arithmetic
 uses them, and `test_h20_constants_are_the_ones_priced_by_hand` pins them, so a refit shows
 up here as a reviewed change rather than a silent one."""
 
@@ -18,83 +19,136 @@ from lmsim.profile.analytic import (
     AnalyticModel,
     decode_step_seconds,
     efficiency_for,
+    end_to_end_seconds,
     prefill_seconds,
+    tabulate,
 )
-from lmsim.profile.hardware import load_gpu
-from lmsim.profile.tables import load_table_profile
+from lmsim.profile.hardware import load_engine, load_gpu
+from lmsim.profile.tables import TableCostModel, load_table_profile
 
 QWEN2, QWEN3 = "h20/qwen2-7b", "h20/qwen3-30b-a3b"
 H20 = {  # lmsim/data/hardware/gpus/h20.yaml, efficiency
-    "gemm_mfu": 0.7008, "weight_stream_eff": 1.0, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
-    "kv_read_eff": 0.8158, "attn_launch_per_layer_s": 2.389e-05, "engine_kv_half_units": 5.856,
-    "layer_fixed_s": 1.565e-05, "cpu_base_s": 0.0007881,
+    "gemm_mfu": 0.745, "weight_stream_eff": 0.6349, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
+    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.609,
+    "layer_fixed_s": 1.543e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
 }
-# The decode kernel table (kernel rows only; engine steps use kv_read_eff and the engine term).
-H20_KV_TABLE = ((0.7988, 1.379, 1.22), (0.9242, 1.035, 0.8822), (1.083, 0.9917, 0.8907))
+# lmsim/data/hardware/engines.yaml, fitted: the host time of each engine
+ENGINE_CPU = {"vllm-v1": 0.000504, "sglang-0.4": 0.0008717}
+SGLANG_CUDA_CORE_EFF = 0.1282
 
 
 def test_h20_constants_are_the_ones_priced_by_hand():
     eff = efficiency_for(load_gpu("h20"))
     for key, value in H20.items():
         assert getattr(eff, key) == pytest.approx(value, rel=1e-9), key
+    assert eff.kv_eff_heads == (4.0, 8.0)  # one decode-kernel plane per KV-head layout with rows
     assert eff.kv_eff_batch == (1.0, 16.0, 256.0) and eff.kv_eff_context == (4096.0, 32768.0, 131072.0)
-    assert eff.kv_eff_values == (H20_KV_TABLE,)
+    for key, cpu in ENGINE_CPU.items():
+        assert efficiency_for(load_gpu("h20"), load_engine(key)).cpu_base_s == pytest.approx(cpu, rel=1e-9)
+    sglang = efficiency_for(load_gpu("h20"), load_engine("sglang-0.4"))
+    assert sglang.decode_cuda_core_eff == pytest.approx(SGLANG_CUDA_CORE_EFF, rel=1e-9)
 
 
 def test_qwen2_decode_step_by_hand():
-    """Qwen2-7B on H20, one decode at context 1024 (28 layers, 4 KV heads x 128):
+    """Qwen2-7B on H20 (vLLM v1), one decode at context 1024 (28 layers, 28 q / 4 KV heads x 128):
 
-    * fixed: 28 x (layer kernels 15.65 + attention launch 23.89 us) = 1.1071 ms;
+    * fixed: 28 x (layer kernels 15.43 + attention launch 23.98 us) = 1.1035 ms;
     * dense GEMMs, W = 28 x 233.05M = 6.5254e9 parameters, M padded to 64 rows:
-      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7008) = 8.053 ms, weights 2 x 6.5254e9 / 4e12
-      = 3.263 ms, smooth roofline (n = 2) sqrt(8.053^2 + 3.263^2) = 8.689 ms, plus 4 x 28
-      GEMM launches of 3 us = 0.336 ms: 9.025 ms;
-    * lm_head 152064 x 3584 = 5.450e8: sqrt(0.6726^2 + 0.2725^2) + 0.003 = 0.7287 ms,
-      sampling 0.1 + 0.003 ms, host 0.7881 + 0.006 ms: 1.6258 ms;
-    * decode attention per layer: 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8158 = 0.6427 us,
-      times the engine term 1 + 5.856 / (1 x 4) = 2.464: 1.584 us, smoothed with its compute
-      (4 x 28 x 128 x 1024 / (148e12 x 0.5) = 0.198 us): 1.596 us, x 28 = 0.0447 ms.
+      compute 2 x 6.5254e9 x 64 / (148e12 x 0.745) = 7.575 ms, weights 2 x 6.5254e9 /
+      (4e12 x 0.6349) = 5.139 ms, smooth roofline (n = 2) hypot = 9.154 ms, plus 4 x 28 GEMM
+      launches of 3 us = 0.336 ms: 9.490 ms;
+    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6327, 0.4292) + 0.003 = 0.7675 ms, sampling
+      0.1 + 0.003 ms, host (vLLM v1) 0.504 + 0.006 ms: 1.3805 ms;
+    * decode attention per layer: the KV read, 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8448 =
+      0.6206 us, times the engine term 1 + 3.609 / (1 x 4) = 1.9023: 1.1805 us; the compute
+      FA3 runs with the 7-head query group padded to a 64-row tile, 4 x 4 x 64 x 128 x 1024 /
+      (148e12 x 0.9475) = 0.957 us; hypot 1.520 us, x 28 = 0.0426 ms.
 
-    Total 1.1071 + 9.025 + 1.6258 + 0.0447 = 11.80 ms."""
+    Total 1.1035 + 9.490 + 1.3805 + 0.0426 = 12.016 ms."""
     m = load_table_profile(QWEN2)
     parts = m.components((), 1, 1024)
-    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.65 + 23.89) / 1e3, rel=1e-3)
-    dense = math.hypot(8.053, 3.263) + 0.336
-    assert parts["tokens"] * 1e3 == pytest.approx(dense, rel=2e-3)
-    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6726, 0.2725) + 0.003 + 0.103 + 0.7941, rel=2e-3)
+    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.43 + 23.98) / 1e3, rel=1e-3)
+    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.575, 5.139) + 0.336, rel=2e-3)
+    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6327, 0.4292) + 0.003 + 0.103 + 0.510, rel=2e-3)
     assert parts["decode_attention"] * 1e3 == pytest.approx(
-        28 * math.hypot(0.6427 * (1 + 5.856 / 4), 0.198) / 1e3, rel=3e-3)
-    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(11.80, rel=2e-3)
+        28 * math.hypot(0.6206 * (1 + 3.609 / 4), 0.957) / 1e3, rel=3e-3)
+    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.016, rel=2e-3)
 
 
 def test_decode_at_long_context_batch1_is_priced_with_the_engine_term():
     """The issue's headline: batch-1 decode at 100k context. Per layer the KV read is
-    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8158 = 62.76 us, times the engine term 2.464 =
-    154.6 us, smoothed with its compute (4 x 28 x 128 x 1e5 / 74e12 = 19.4 us) = 155.8 us;
-    x 28 layers = 4.36 ms on top of the 11.76 ms at no context: 16.1 ms. The engine reads the
-    KV at an effective 204.8 MB x 28 / 4.36 ms = 1.31 TB/s (the bare kernel at 3.26 TB/s);
-    the data say about 1.0 TB/s in SGLang 0.4.6 (issue 23)."""
+    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9023 =
+    115.30 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
+    hypot 148.4 us, x 28 layers = 4.156 ms on top of the 11.97 ms at no context: 16.13 ms.
+    The engine reads the KV at an effective 204.8 MB x 28 / 4.156 ms = 1.38 TB/s (the bare
+    FlashInfer kernel: 2.8-3.0 TB/s; SGLang 0.4.6 on H20: about 1.0-1.4, issue 23)."""
     m = load_table_profile(QWEN2)
     at_100k = decode_step_seconds(m, 1, 100_000) * 1e3
-    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1558, rel=0.01)
-    assert at_100k == pytest.approx(16.12, rel=0.003)
+    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1484, rel=0.01)
+    assert at_100k == pytest.approx(16.13, rel=0.003)
+
+
+def test_sglang_long_context_decode_step_and_request_by_hand():
+    """Qwen3-8B on H20 as SGLang 0.4.6 runs it (FlashInfer; GQA group 4, so the CUDA-core
+    decode kernel; host work overlapped). One decode at context 65,536, per layer of 36:
+    the KV read 65,536 x 8 x 128 x 4 B = 268.4 MB at 4e12 x 0.8448 = 79.43 us, times the
+    engine term 1 + 3.609 / 8 = 1.451: 115.3 us; the CUDA cores compute 4 x 32 x 128 x 65,536
+    FLOPs at 0.1282 x 44 TFLOPS: 190.4 us; hypot 222.5 us, x 36 = 8.01 ms of attention.
+
+    The request the Qwen3 speed benchmark ran (63,488-token prompt, 2,048 generated; 58.89 s
+    measured): 8 prefill chunks of at most 8,192 tokens, 16.59 s, then 2,047 decode steps
+    whose time grows linearly with the context, so they average the step at the middle
+    context 64,512, 20.46 ms: 16.59 + 2,047 x 0.02046 = 58.47 s, 0.993 of the measurement."""
+    model = AnalyticModel.build("h20", "qwen3-8b", 1, "sglang-0.4")
+    per_layer = float(model.kernels.decode_attention(1, 65_536, 32, 8, 128, path="cuda_core")) - 2.398e-05
+    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.609 / 8), 190.4), rel=2e-3)
+    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2225, rel=3e-3)
+    table = TableCostModel(tabulate(model, date="-"))
+    ttft = prefill_seconds(table, 63_488)
+    middle = table.step_time((), 1, 63_489 + 1_023)
+    assert ttft == pytest.approx(16.59, rel=1e-3) and middle * 1e3 == pytest.approx(20.46, rel=1e-3)
+    e2e = end_to_end_seconds(table, 63_488, 2_048)
+    assert e2e == pytest.approx(ttft + 2_047 * middle, rel=1e-4)
+    assert e2e == pytest.approx(58.47, rel=1e-3)
+    assert e2e / 58.89 == pytest.approx(1.0, abs=0.10)
+
+
+def test_tiny_model_pays_the_larger_of_host_and_gpu():
+    """Qwen3-0.6B on H20 under SGLang's overlap scheduler: a batch-1 decode at context 1 costs
+    max(host, GPU). Host: 0.8717 + 0.006 ms = 0.878 ms. GPU: 28 x (15.43 + 23.98) us = 1.103 ms
+    of per-layer kernels; GEMMs (0.4404e9 parameters in the layers, 64-row tile) hypot(
+    0.5113, 0.3468) + 4 x 28 x 3 us = 0.954 ms; lm_head (tied 151,936 x 1,024) hypot(0.1806,
+    0.1225) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
+    About 2.38 ms of GPU time, which hides the host's 0.88 ms. Added instead (vLLM v1 semantics)
+    the step would be 3.3 ms; the benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
+    model = AnalyticModel.build("h20", "qwen3-0.6b", 1, "sglang-0.4")
+    host = float(model.host(1, 1))
+    assert host * 1e3 == pytest.approx(0.8717 + 0.006, rel=1e-3)
+    step = model.step_time((), 1, 1)
+    gpu = step  # the GPU part wins
+    assert gpu > host
+    assert step * 1e3 == pytest.approx(1.103 + math.hypot(0.5113, 0.3468) + 0.336 + math.hypot(0.1806, 0.1225)
+                                       + 0.003 + 0.103, rel=2e-3)
+    assert step * 1e3 == pytest.approx(2.42, rel=0.02)
+    table = TableCostModel(tabulate(model, date="-"))
+    assert table.step_time((), 1, 1) == pytest.approx(step, rel=1e-3)
 
 
 SEC6_PREFILL = {  # ms: tokens 512, 1024, 2048, 4096, 8192 (engine only, budget 8192)
-    (QWEN2, 0): (68.9, 134.7, 268.6, 545.5, 1135.3),
-    (QWEN2, 8192): (81.2, 159.2, 317.5, 643.0, 1329.5),
-    (QWEN3, 0): (47.2, 72.8, 130.8, 266.4, 609.3),
-    (QWEN3, 8192): (71.3, 120.7, 226.5, 457.3, 989.8),
+    (QWEN2, 0): (65.0, 126.9, 253.1, 514.7, 1073.9),
+    (QWEN2, 8192): (77.2, 151.4, 302.0, 612.1, 1268.1),
+    (QWEN3, 0): (59.8, 87.8, 143.1, 275.4, 613.4),
+    (QWEN3, 8192): (83.8, 135.8, 238.9, 466.4, 993.8),
 }
 SEC6_DECODE = {  # ms: batch 1, 8, 32, 64, 128, 256
-    (QWEN2, 1024): (11.80, 12.00, 12.67, 13.56, 23.73, 44.58),
-    (QWEN2, 8192): (12.12, 13.23, 17.06, 22.17, 40.78, 78.50),
-    (QWEN3, 1024): (7.47, 14.61, 25.05, 28.61, 33.06, 46.73),
-    (QWEN3, 8192): (8.01, 16.74, 32.67, 43.56, 62.67, 105.65),
+    (QWEN2, 1024): (12.02, 12.30, 13.29, 14.60, 24.64, 45.85),
+    (QWEN2, 8192): (12.31, 14.15, 20.50, 28.97, 53.31, 103.15),
+    (QWEN3, 1024): (8.01, 17.57, 31.66, 36.66, 42.46, 70.51),
+    (QWEN3, 8192): (8.53, 20.74, 44.03, 61.30, 91.62, 168.73),
 }
 SEC6_MIXED = {  # ms: (decodes at ctx 2048, chunk tokens) -> (Qwen2-7B, Qwen3-30B-A3B)
-    (64, 0): (14.79, 30.75), (64, 512): (80.02, 54.83), (64, 2048): (279.74, 138.68),
-    (64, 8128): (1136.83, 611.27), (200, 0): (39.22, 44.34), (200, 2048): (304.60, 156.08),
+    (64, 0): (16.65, 40.18), (64, 512): (77.23, 68.51), (64, 2048): (265.40, 153.69),
+    (64, 8128): (1077.07, 618.09), (200, 0): (42.90, 76.67), (200, 2048): (292.67, 176.74),
 }
 
 
@@ -164,3 +218,44 @@ def test_monotone_in_tokens_batch_and_context(name):
     # adding decodes to a step with a prefill chunk never makes it cheaper
     t = [m.step_time([(2048, 4096)], b, b * 2048) for b in range(0, 600)]
     assert np.all(np.diff(t) >= 0)
+
+
+def test_decode_kernel_table_applies_only_to_the_head_layouts_it_was_fitted_on():
+    """H200's decode-kernel table has one plane, fitted on its 32q/4kv rows (h200.yaml:
+    kv_read_eff 0.9125, multiplier 0.6968 at batch 1 and 32k context), so a 4-KV-head kernel
+    reads KV at 0.9125 x 0.6968 = 0.6358 of HBM bandwidth there. A 32q/8kv kernel is another
+    layout (vLLM's FlashInfer runs 8 KV heads' groups of 4 on CUDA cores, 4 KV heads' groups of
+    8 on tensor cores), so it gets the fitted constant alone, 0.9125; borrowing the 4-head
+    plane priced h200's 8-head batch-1 rows 24-25% slow."""
+    from lmsim.profile.analytic import Kernels
+
+    k = Kernels.named("h200")
+    assert k.eff.kv_eff_heads == (4.0,)
+    assert float(k.kv_kernel_eff(np.array(1.0), np.array(32768.0), 4)) == pytest.approx(0.9125 * 0.6968, rel=1e-9)
+    assert float(k.kv_kernel_eff(np.array(1.0), np.array(32768.0), 8)) == pytest.approx(0.9125, rel=1e-9)
+    # H20 has planes for 4 and 8 KV heads: 6 heads lies between them and interpolates
+    h20 = Kernels.named("h20")
+    vals = np.asarray(h20.eff.kv_eff_values)
+    mid = float(h20.kv_kernel_eff(np.array(1.0), np.array(4096.0), 6))
+    assert mid == pytest.approx(h20.eff.kv_read_eff * (vals[0, 0, 0] + vals[1, 0, 0]) / 2, rel=1e-9)
+
+
+def test_fused_moe_streams_expert_weights_at_its_own_efficiency():
+    """One token of Qwen3-30B-A3B touches k = 8 experts of 3 x 2048 x 768 = 4,718,592
+    parameters: 8 x 4,718,592 x 2 B = 75.50 MB. On A100 (2.039e12 B/s) under the hard knee,
+    with moe_stream_eff 0.5 the read takes 75.50e6 / (2.039e12 x 0.5) = 74.05 us (the compute,
+    8 experts x 16-row tiles, is about 11 us); unset, the dense GEMMs' weight_stream_eff
+    (0.8 here) applies: 46.28 us."""
+    from dataclasses import replace
+
+    from lmsim.profile.analytic import Kernels
+
+    gpu = load_gpu("a100")
+    base = replace(efficiency_for(gpu), roofline_n=None, moe_launch_s=0.0, weight_stream_eff=0.8,
+                   moe_mfu=0.36, moe_half_rows=1.0)
+    params = 3 * 2048 * 768
+    own = Kernels(gpu, replace(base, moe_stream_eff=0.5)).moe(np.array(1.0), 128, 8, params)
+    dense = Kernels(gpu, replace(base, moe_stream_eff=None)).moe(np.array(1.0), 128, 8, params)
+    assert float(own) * 1e6 == pytest.approx(8 * params * 2 / (2.039e12 * 0.5) * 1e6, rel=1e-9)
+    assert float(own) * 1e6 == pytest.approx(74.05, rel=1e-3)
+    assert float(dense) * 1e6 == pytest.approx(46.28, rel=1e-3)

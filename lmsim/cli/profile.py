@@ -88,6 +88,9 @@ def register_cli(subparsers) -> None:
     n.add_argument("--gpu", required=True, metavar="NAME|SPEC.yaml",
                    help="h20, h100, h200, h800, a100, l40s, or your own GPU spec YAML")
     n.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one instance (default 1)")
+    n.add_argument("--engine", default=None, metavar="NAME",
+                   help="serving engine whose kernels and host time to price (lmsim/data/hardware/engines.yaml: "
+                        "vllm-v1, the default and what lmsim simulates; sglang-0.4, vllm-0.6, vllm-0.4)")
     n.add_argument("--out", type=Path, required=True, help="new (or empty) folder for the profile")
     n.add_argument("--name", help="profile name (default: <gpu>/<model>[-tpN])")
     n.add_argument("--no-plot", action="store_true", help="skip drawing plot.png")
@@ -95,6 +98,8 @@ def register_cli(subparsers) -> None:
 
     pr = sub.add_parser("predict", help="ask a profile for one step or one request alone (JSON)")
     pr.add_argument("name", help="profile name or path (or <gpu>/<model>[-tpN], built on the fly)")
+    pr.add_argument("--engine", default=None, metavar="NAME",
+                    help="with a <gpu>/<model>[-tpN] built on the fly: the engine to build it for (default vllm-v1)")
     what = pr.add_mutually_exclusive_group(required=True)
     what.add_argument("--prefill", type=int, metavar="TOKENS", help="one prefill chunk step of TOKENS new tokens")
     what.add_argument("--decode-batch", type=int, metavar="B", help="one decode step of B sequences")
@@ -119,6 +124,8 @@ def register_cli(subparsers) -> None:
     c.add_argument("profiles", nargs="*", metavar="PROFILE",
                    help="only the rows these profiles can answer (default: every row)")
     c.add_argument("--json", action="store_true", help="print rows and summary as JSON")
+    c.add_argument("--all", action="store_true",
+                   help="also list the rows marked out of scope (they are always counted)")
     c.add_argument("--measurements", type=Path, default=None,
                    help="a measurement table in the same schema (default: the shipped one)")
     c.set_defaults(func=cmd_check)
@@ -150,7 +157,9 @@ def generate_one(name: str, out_root: Path, *, plot: bool = True) -> Path:
 
 
 def provenance_check(table: TableCostModel, name: str) -> list[dict] | str:
-    """This profile's rows of the shipped measurement table, predicted through `table`."""
+    """This profile's rows of the shipped measurement table: those of its engine predicted
+    through `table`, those of another engine (SGLang, vLLM V0) through a profile built for
+    theirs, as `profile check` prices them."""
     from lmsim.profile.measurements import (
         Checker,
         default_table,
@@ -169,8 +178,13 @@ def provenance_check(table: TableCostModel, name: str) -> list[dict] | str:
     for p in map(checker.predict, rows):
         if p.ratio is None or p.row.kind.startswith("kernel_"):
             continue
-        out.append({"id": p.row.id, "split": p.row.split, "kind": p.row.kind, "unit": p.row.unit,
-                    "measured": p.row.measured, "model": round(p.predicted, 4), "ratio": round(p.ratio, 3)})
+        entry = {"id": p.row.id, "split": p.row.split, "kind": p.row.kind, "unit": p.row.unit,
+                 "measured": p.row.measured, "model": round(p.predicted, 4), "ratio": round(p.ratio, 3)}
+        if p.profile != name:
+            entry["priced_by"] = p.profile
+        if not p.row.in_scope:
+            entry["scope"] = p.row.scope
+        out.append(entry)
     return out or "none: the measurement table has no engine row for this GPU and model"
 
 
@@ -246,8 +260,10 @@ def format_show(model: TableCostModel) -> str:
     if isinstance(check, list) and check:
         lines += ["", "public measurements of this GPU and model (lmsim profile check)"]
         for r in check:
+            by = f"  ({r['priced_by']})" if r.get("priced_by") else ""
+            out = "  out of scope" if r.get("scope") else ""
             lines.append(f"  {r['id'][:50]:<51}{r['split']:<6}measured {r['measured']:>9g} "
-                         f"model {r['model']:>9g} {r['unit']:<6} ratio {r['ratio']:.2f}")
+                         f"model {r['model']:>9g} {r['unit']:<6} ratio {r['ratio']:.2f}{by}{out}")
     elif isinstance(check, str):
         lines += ["", f"check: {check}"]
     if isinstance(fit, dict):
@@ -348,30 +364,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 # -- new, predict, check ----------------------------------------------------------------------
-def build_new(model: str, gpu: str, tp: int = 1, name: str | None = None):
+def build_new(model: str, gpu: str, tp: int = 1, name: str | None = None, engine: str | None = None):
     """The profile `lmsim profile new` writes, in memory, and the analytic model behind it."""
     import sys
 
-    from lmsim.profile.hardware import load_gpu, load_model
+    from lmsim.profile.hardware import load_engine, load_gpu, load_model
 
     if tp < 1:
         raise ProfileError(f"--tp: must be >= 1, got {tp}")
     gpu_spec = load_gpu(gpu)
     model_spec = load_model(model)
-    analytic = AnalyticModel.build(gpu_spec, model_spec, tp)
+    engine_spec = load_engine(engine)
+    analytic = AnalyticModel.build(gpu_spec, model_spec, tp, engine_spec)
     command = "lmsim profile new " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["profile", "new"] else (
-        f"lmsim profile new --model {model} --gpu {gpu} --tp {tp}")
+        f"lmsim profile new --model {model} --gpu {gpu} --tp {tp}" + (f" --engine {engine}" if engine else ""))
     data = tabulate(analytic, generated_by=command)
     data.name = name or analytic.name
     data.meta["provenance"]["inputs"] = {
         "model": str(model), "model_config": model_spec.sources.get("config", ""),
-        "gpu": str(gpu), "gpu_spec": gpu_spec.name, "tensor_parallel_size": tp,
+        "gpu": str(gpu), "gpu_spec": gpu_spec.name, "tensor_parallel_size": tp, "engine": engine_spec.key,
     }
     return data, analytic
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    data, _ = build_new(args.model, args.gpu, args.tp, args.name)
+    data, _ = build_new(args.model, args.gpu, args.tp, args.name, args.engine)
     path = _write_new_profile(data, args.out)
     model = TableCostModel(data)
     if not args.no_plot:
@@ -384,23 +401,33 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_or_build(name: str) -> TableCostModel:
-    """A shipped profile or a path; else a `<gpu>/<model>[-tpN]` name built as `profile new` would."""
+def load_or_build(name: str, engine: str | None = None) -> TableCostModel:
+    """A shipped profile or a path; else a `<gpu>/<model>[-tpN]` name built as `profile new`
+    would. With an engine other than the default (vLLM v1, what shipped profiles are built
+    for) a `<gpu>/<model>[-tpN]` name is always built for that engine."""
+    from lmsim.profile.hardware import load_engine
     from lmsim.profile.tables import resolve_profile
 
+    other_engine = engine is not None and load_engine(engine).key != load_engine().key
     try:
         resolve_profile(name)
     except ProfileError as missing:
-        if "/" not in name:
-            raise
-        try:
-            gpu, model, tp = split_name(name)
-        except ProfileError:
-            raise missing from None
-        data, _ = build_new(model, gpu, tp)
-        data.source = "<built by profile new>"
-        return TableCostModel(data)
-    return load_table_profile(name)
+        not_found: ProfileError | None = missing
+    else:
+        not_found = None
+        if not other_engine:
+            return load_table_profile(name)
+    try:
+        gpu, model, tp = split_name(name, where=f"profile {name!r} (not shipped: built as <gpu>/<model>[-tpN])")
+    except ProfileError as unbuildable:
+        if not_found is not None:
+            # A <gpu>/<model> name says which part is unknown; a path says it does not exist.
+            raise (unbuildable if name.count("/") == 1 and not Path(name).exists() else not_found) from None
+        raise ProfileError(f"--engine: {name!r} is a profile folder built for its own engine; "
+                           "--engine applies to a <gpu>/<model>[-tpN] name") from None
+    data, _ = build_new(model, gpu, tp, engine=engine)
+    data.source = "<built by profile new>"
+    return TableCostModel(data)
 
 
 def predict_answer(model: TableCostModel, args: argparse.Namespace) -> dict:
@@ -439,7 +466,7 @@ def predict_answer(model: TableCostModel, args: argparse.Namespace) -> dict:
 def cmd_predict(args: argparse.Namespace) -> int:
     import json
 
-    print(json.dumps(predict_answer(load_or_build(args.name), args), indent=2))
+    print(json.dumps(predict_answer(load_or_build(args.name, args.engine), args), indent=2))
     return 0
 
 
@@ -482,16 +509,26 @@ def _summary_line(label: str, s: dict) -> str:
             f"{s['beyond_25pct']} beyond 25%, worst ratio {s['worst_ratio']:.3f} ({s['worst_id']})")
 
 
+def _row_line(p) -> str:
+    r = p.row
+    pred = "-" if p.predicted is None else f"{p.predicted:.4g}"
+    ratio = "-" if p.ratio is None else f"{p.ratio:.3f}"
+    flag = "" if p.ratio is None or abs(p.ratio - 1) <= 0.10 else (" *" if abs(p.ratio - 1) <= 0.25 else " **")
+    return (f"{r.id[:51]:<52}{r.split:<6}{r.kind:<25}{r.engine[:21]:<22}{r.measured:>11.4g}{pred:>11} "
+            f"{r.unit:<6}{ratio:>7}{flag:<3} {p.profile}{' (' + p.note + ')' if p.note else ''}")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     import json
 
     preds, summary = run_check(args.profiles, args.measurements)
     if args.json:
         print(json.dumps({
-            "rows": [{"id": p.row.id, "split": p.row.split, "gpu": p.row.gpu, "model": p.row.model,
-                      "tp": p.row.tp, "engine": p.row.engine, "kind": p.row.kind, "condition": p.row.condition,
-                      "source": p.row.source, "measured": p.row.measured, "unit": p.row.unit,
-                      "predicted": p.predicted, "ratio": p.ratio, "priced_by": p.profile, "note": p.note}
+            "rows": [{"id": p.row.id, "split": p.row.split, "scope": p.row.scope or "in", "gpu": p.row.gpu,
+                      "model": p.row.model, "tp": p.row.tp, "engine": p.row.engine, "kind": p.row.kind,
+                      "condition": p.row.condition, "source": p.row.source, "measured": p.row.measured,
+                      "unit": p.row.unit, "predicted": p.predicted, "ratio": p.ratio, "priced_by": p.profile,
+                      "note": p.note}
                      for p in preds],
             "summary": summary,
         }, indent=1))
@@ -499,23 +536,42 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{'id':<52}{'split':<6}{'kind':<25}{'engine':<22}{'measured':>11}{'predicted':>11} "
           f"{'unit':<6}{'ratio':>7}  priced by")
     for p in preds:
-        r = p.row
-        pred = "-" if p.predicted is None else f"{p.predicted:.4g}"
-        ratio = "-" if p.ratio is None else f"{p.ratio:.3f}"
-        flag = "" if p.ratio is None or abs(p.ratio - 1) <= 0.10 else (" *" if abs(p.ratio - 1) <= 0.25 else " **")
-        print(f"{r.id[:51]:<52}{r.split:<6}{r.kind:<25}{r.engine[:21]:<22}{r.measured:>11.4g}{pred:>11} "
-              f"{r.unit:<6}{ratio:>7}{flag:<3} {p.profile}{' (' + p.note + ')' if p.note else ''}")
+        if p.row.in_scope:
+            print(_row_line(p))
+    outside = [p for p in preds if not p.row.in_scope]
+    if outside and args.all:
+        print()
+        print("out of scope (predicted, not held to the bar):")
+        for p in outside:
+            print(_row_line(p))
+            print(f"    {p.row.scope}")
     print()
     print("* outside 10%, ** outside 25%")
-    for label in ("all", "fit", "check"):
-        print(_summary_line(label, summary[label]))
+    print(_summary_line("all", summary["all"]))
+    print(_summary_line("in scope", summary["in_scope"]))
+    for label in ("fit", "check"):
+        print("  " + _summary_line(label, summary[label]))
+    for gpu, block in summary["long_context"].items():
+        print("  " + _summary_line(f"{gpu} long-context end to end (prompt >= 30k)", block))
+    if outside:
+        reasons: dict[str, int] = {}
+        for p in outside:
+            reasons[p.row.scope_reason.split(":")[0]] = reasons.get(p.row.scope_reason.split(":")[0], 0) + 1
+        listed = "" if args.all else " (listed with --all)"
+        print(f"out of scope: {len(outside)} rows{listed}: "
+              + "; ".join(f"{n} {reason}" for reason, n in reasons.items()))
     return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from lmsim.profile.calibrate import calibrate_all, efficiency_mapping, write_gpu_efficiency
+    from lmsim.profile.calibrate import (
+        calibrate_all,
+        efficiency_mapping,
+        write_engine_constants,
+        write_gpu_efficiency,
+    )
     from lmsim.profile.hardware import GPUS_DIR
     from lmsim.profile.measurements import read_measurements
 
@@ -525,12 +581,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            kv_table=getattr(args, "kv_table", False))
     out = {gpu: {"efficiency": efficiency_mapping(eff), "calibration": result["record"][gpu]}
            for gpu, eff in result["efficiency"].items()}
+    out["engines"] = {k: {n: float(f"{v:.4g}") for n, v in vals.items()} for k, vals in result["engines"].items()}
     print(json.dumps(out, indent=1))
     if args.write:
         import datetime
 
-        note = (f"lmsim profile calibrate --form {args.form} --write, "
+        table = " --kv-table" if getattr(args, "kv_table", False) else ""
+        note = (f"lmsim profile calibrate --form {args.form}{table} --write, "
                 f"{datetime.date.today().isoformat()}: fit split of the measurement table only")
         for gpu, eff in result["efficiency"].items():
             print(f"wrote {write_gpu_efficiency(gpu, eff, result['record'][gpu], note)}")
+        print(f"wrote {write_engine_constants(result['engines'])}")
     return 0

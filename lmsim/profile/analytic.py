@@ -19,9 +19,18 @@ Kernel groups, per layer unless said (`Kernels`, vectorised over numpy arrays):
 * prefill attention (FA3 on Hopper, FA2 class elsewhere): causal FLOPs at an efficiency that
   saturates with the KV length L = c + q, `mfu(L) = attn_mfu · L / (L + attn_half_kv)`, plus a
   per-chunk intercept;
-* decode attention: a launch per layer plus the KV bytes read at a kernel efficiency, plus
-  the small-batch engine term (below);
+* decode attention: a launch per layer, the KV bytes read at a kernel efficiency (times the
+  small-batch engine term in an engine step), and the compute the engine's kernel really runs:
+  on tensor cores each (sequence, KV head)'s query group is padded to a tile of rows (64 for
+  FA2/FA3 in vLLM, 16 for FlashInfer's tensor-core decode), priced at the GPU's attention
+  efficiency, which on a low-FLOP GPU (H20: 148 TFLOPS against 4 TB/s) rivals the KV read;
+  FlashInfer's CUDA-core kernel (GQA group <= 4) computes every query head on CUDA cores, at
+  the engine's fitted fraction of the FP32 peak (`decode_cuda_core_eff`);
 * all-reduce with tensor parallelism: two per layer, `latency + 2(N-1)/N · bytes / link`.
+
+The engine (`hardware.EngineSpec`, `lmsim/data/hardware/engines.yaml`; vLLM v1 by default)
+chooses the decode kernel path and whether host work overlaps the GPU: with `host_overlap`
+(SGLang's overlap scheduler) a step costs max(host, GPU) instead of their sum.
 
 The roofline. The original form (costmodel.md) takes `max(compute, memory)`: a hard knee.
 The alternative is a smooth roofline `(tc^n + tm^n)^(1/n)`, which is slower than both bounds
@@ -42,7 +51,15 @@ from typing import Any
 import numpy as np
 
 from lmsim.errors import ProfileError
-from lmsim.profile.hardware import GpuSpec, ModelSpec, load_gpu, load_model, shard
+from lmsim.profile.hardware import (
+    EngineSpec,
+    GpuSpec,
+    ModelSpec,
+    load_engine,
+    load_gpu,
+    load_model,
+    shard,
+)
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -66,18 +83,30 @@ class Efficiency:
     weight_stream_eff: float = 0.80
     roofline_n: float | None = None  # None: hard knee max(compute, memory)
     gemm_launch_s: float = 0.0  # per GEMM (4 per layer, 1 lm_head)
+    gemm_launch_fp8_s: float | None = None  # per FP8 GEMM (DeepGEMM: scales, TMA descriptors)
     # FP8 GEMM kernels (DeepGEMM) differ from BF16 cuBLAS: their own constants, used only
     # to predict FP8 kernel rows (lmsim serves BF16)
     gemm_mfu_fp8: float | None = None
     weight_stream_eff_fp8: float | None = None
     # routed experts
     moe_block: int = 16
+    # vLLM's fused_moe default config tiles each expert's rows by 16 while the step has at most
+    # as many tokens as experts, by 64 above (vllm/model_executor/layers/fused_moe/fused_moe.py
+    # get_default_config: BLOCK_SIZE_M 16 "if M <= E", else 64)
+    moe_block_large: int = 64
     mfu_moe: tuple[tuple[float, float], ...] = (
         (16, 0.45), (64, 0.60), (256, 0.72), (512, 0.75), (2048, 0.78),
     )
     moe_mfu: float | None = None  # set: mfu(r) = moe_mfu * r / (r + moe_half_rows), r = max(n, block), replaces the table
+    moe_mfu_fp8: float | None = None  # FP8 grouped GEMMs (DeepGEMM kernel rows only; lmsim serves BF16)
     moe_half_rows: float = 16.0
     moe_launch_s: float = 0.0  # per MoE layer (routing, align/sort, two grouped GEMMs)
+    # The fraction of HBM bandwidth at which the fused-MoE kernel streams expert weights (None:
+    # weight_stream_eff, the dense GEMMs'). Its tiles gather scattered token rows per expert,
+    # so it streams weights more slowly than cuBLAS: aiconfigurator's vLLM 0.14 fused_moe rows
+    # run 256 tokens of Qwen3-30B-A3B (all 128 experts touched, 1.2 GB) at 1.05 ms on A100
+    # and 2.50 ms on L40S, 0.57 and 0.56 of their HBM bandwidth.
+    moe_stream_eff: float | None = None
     # prefill attention
     mfu_attn: tuple[tuple[float, float], ...] = (
         (128, 0.30), (1024, 0.52), (2048, 0.70), (4096, 0.80), (8192, 0.86),
@@ -89,10 +118,18 @@ class Efficiency:
     small_q: int = 16
     attn_mfu_scale: float = 1.0  # FA2-class kernels (costmodel.md section 5 rows 6b, 7)
     prefill_chunk_s: float = 0.0  # per chunk per layer (varlen metadata, tile tail)
+    # FA3 over a dense, contiguous KV (a bare benchmark) against the paged KV an engine reads
+    # through a block table (no TMA: the producer warps gather pages, which costs where the
+    # tensor cores are fast; H100: aiconfigurator's vLLM rows against tritonbench's)
+    attn_dense_gain: float = 1.0
     # decode attention
     kv_read_eff: float = 0.85
     attn_launch_per_layer_s: float = 17e-6
     decode_head_s: float = 0.0  # per (sequence, KV head): split/merge and page-table work
+    # FlashInfer's CUDA-core decode kernel inside an engine: the fraction of the FP32 peak at
+    # which it computes 4 x query heads x head_dim FLOPs per KV token (an engine constant:
+    # engines.yaml overrides it)
+    decode_cuda_core_eff: float = 0.13
     # Kernel efficiency by (kv heads per GPU, batch, per-sequence context), multiplying
     # kv_read_eff; an empty table means 1 everywhere.
     kv_eff_heads: tuple[float, ...] = ()
@@ -135,7 +172,7 @@ class Efficiency:
                     values[k] = float(v)
                 except (TypeError, ValueError):
                     raise ProfileError(f"{where}: field 'efficiency.{k}' must be a number, got {v!r}") from None
-        for k in ("gemm_min_rows", "moe_block", "small_q"):
+        for k in ("gemm_min_rows", "moe_block", "moe_block_large", "small_q"):
             if k in values:
                 values[k] = int(values[k])
         return cls(**values)
@@ -147,15 +184,20 @@ class Efficiency:
         return {k: plain(v) for k, v in asdict(self).items()}
 
 
-def efficiency_for(gpu: GpuSpec) -> Efficiency:
-    """The GPU's fitted constants; a user spec without its own borrows those of
+def efficiency_for(gpu: GpuSpec, engine: EngineSpec | None = None) -> Efficiency:
+    """The GPU's fitted constants, with the engine's fitted constants (host time, its decode
+    kernel's efficiency) on top; a user spec without its own borrows those of
     `efficiency_like` or, failing that, of the shipped GPU of the same architecture."""
     raw = gpu.efficiency
     if not raw:
         like = gpu.efficiency_like or {"hopper": "h100", "ampere": "a100", "ada": "l40s"}.get(gpu.arch)
         if like and like != gpu.key:
             raw = load_gpu(like).efficiency
-    return Efficiency.from_mapping(raw or {}, f"{gpu.key} GPU spec")
+    eff = Efficiency.from_mapping(raw or {}, f"{gpu.key} GPU spec")
+    if engine is not None and engine.efficiency:
+        parsed = Efficiency.from_mapping(engine.efficiency, f"engine {engine.key}")
+        eff = replace(eff, **{k: getattr(parsed, k) for k in engine.efficiency})
+    return eff
 
 
 EFFICIENCY_SOURCES = {
@@ -168,7 +210,12 @@ EFFICIENCY_SOURCES = {
     "attn_launch_per_layer_s": "costmodel.md 3.2(4): same fit as kv_read_eff [D2]",
     "layer_fixed_s": "costmodel.md 3.2(5): norms/RoPE/activation kernels, assumed 8 us per layer",
     "layer_fixed_moe_s": "costmodel.md 3.2(5): calibrated to Qwen3-30B-A3B batch-1 decode 7.29 ms [D1]",
-    "cpu": "costmodel.md 3.2(6): vLLM PR #17866 [V10], RFC #6854 [V11]; synchronous scheduling",
+    "cpu": "costmodel.md 3.2(6): vLLM PR #17866 [V10], RFC #6854 [V11]; cpu_base_s per engine, fitted on its end-to-end rows (lmsim/data/hardware/engines.yaml)",
+    "decode_tile": "vllm-project/flash-attention PR #63 (decode runs one 64-row MMA warpgroup); FA2 seqlenq_ngroups_swapped (the query group in the 64-row M tile); flashinfer include/flashinfer/utils.cuh FA2DetermineCtaTileQ (16 rows for a packed group <= 16)",
+    "decode_cuda_core_eff": "fitted on SGLang 0.4.6 H20 end-to-end rows (FlashInfer CUDA-core decode for GQA groups <= 4, sglang flashinfer_backend.py should_use_tensor_core)",
+    "attn_dense_gain": "H100: aiconfigurator vLLM 0.14 paged FA3 rows against tritonbench#1267 dense FA3 rows",
+    "moe_block_large": "vllm/model_executor/layers/fused_moe/fused_moe.py get_default_config: BLOCK_SIZE_M 16 if M <= E, else 64",
+    "kernel_rows": "lmsim/data/hardware/engines.yaml kernel-benchmark entries: dense FA3, bare FlashInfer, aiconfigurator's power-law MoE routing, DeepGEMM's 128-row expert alignment",
     "sample": "costmodel.md 3.2(7): top-p/top-k sort over ~152k vocabulary, assumed",
 }
 
@@ -226,25 +273,43 @@ class Kernels:
             bw_eff = e.weight_stream_eff_fp8
         compute = 2.0 * weights * rows / (self.peak(fp8) * mfu)
         memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
-        return launches * e.gemm_launch_s + roofline(compute, memory, e.roofline_n)
+        launch = e.gemm_launch_fp8_s if fp8 and e.gemm_launch_fp8_s is not None else e.gemm_launch_s
+        return launches * launch + roofline(compute, memory, e.roofline_n)
 
     # -- routed experts -------------------------------------------------------------------------
     def moe(self, tokens: np.ndarray, experts: int, per_token: int, expert_params: float,
-            *, fp8: bool = False) -> np.ndarray:
-        """One MoE layer's routed experts under uniform routing (an upper bound on distinct
-        experts): E_act = E(1 - (1 - k/E)^T), n = T·k/E_act rows each, padded to blocks."""
+            *, fp8: bool = False, power_law_alpha: float | None = None,
+            block_rows: int | None = None) -> np.ndarray:
+        """One MoE layer's routed experts. Under uniform routing (an upper bound on distinct
+        experts, what lmsim prices in an engine): E_act = E(1 - (1 - k/E)^T), n = T·k/E_act
+        rows each, padded to blocks of `moe_block` rows while T <= E and of `moe_block_large`
+        above (vLLM's fused_moe tiles: at T = 256 on 128 experts each expert's 16 rows run a
+        64-row tile). With `power_law_alpha` the experts' loads follow aiconfigurator's
+        synthetic routing instead (`power_law_routing`); `block_rows` fixes the row block (a
+        grouped GEMM that aligns every expert to it, DeepGEMM's contiguous layout: 128)."""
         t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
         e, k = float(experts), float(per_token)
-        e_act = e * (1.0 - (1.0 - k / e) ** t)
-        n = t * k / e_act
-        blk = self.eff.moe_block
-        rows = e_act * blk * np.maximum(1.0, n / blk + 0.5 * (n > blk))
+        blk = np.where(t <= e, float(self.eff.moe_block), float(self.eff.moe_block_large))
+        if block_rows is not None:
+            blk = np.full(np.shape(t), float(block_rows))
+        if power_law_alpha is None:
+            e_act = e * (1.0 - (1.0 - k / e) ** t)
+            n = t * k / e_act
+            # Expected blocks per touched expert: one while its rows fit a block, n/blk plus
+            # half a block of padding once they overflow it, joined continuously (1.5 r for
+            # r = n/blk in [2/3, 1]) so tabulated steps interpolate cleanly.
+            r = n / blk
+            rows = e_act * blk * np.maximum(1.0, r + 0.5 * np.minimum(1.0, r))
+        else:
+            e_act, rows, n = power_law_routing(t, experts, per_token, power_law_alpha, blk)
         ef = self.eff
         # Efficiency keyed by the rows each expert's GEMM really runs (n padded to the block).
         padded = np.maximum(n, blk)
-        mfu = _loglin(ef.mfu_moe, n) if ef.moe_mfu is None else ef.moe_mfu * padded / (padded + ef.moe_half_rows)
+        top = ef.moe_mfu_fp8 if fp8 and ef.moe_mfu_fp8 is not None else ef.moe_mfu
+        mfu = _loglin(ef.mfu_moe, n) if top is None else top * padded / (padded + ef.moe_half_rows)
         compute = 2.0 * rows * expert_params / (self.peak(fp8) * mfu)
-        memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * ef.weight_stream_eff)
+        stream = ef.weight_stream_eff if ef.moe_stream_eff is None else ef.moe_stream_eff
+        memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * stream)
         return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n)
 
     # -- attention ------------------------------------------------------------------------------
@@ -262,14 +327,16 @@ class Kernels:
         return mfu
 
     def prefill_attention(self, q: np.ndarray, c: np.ndarray, q_heads: int, kv_heads: int,
-                          head_dim: int, batch: int = 1) -> np.ndarray:
+                          head_dim: int, batch: int = 1, *, dense: bool = False) -> np.ndarray:
         """One layer: `batch` chunks of q new tokens over c cached ones each, causal inside
-        the chunk, in one kernel."""
+        the chunk, in one kernel; over a paged KV (an engine) or a dense one (`dense`, a bare
+        benchmark: `attn_dense_gain` times the efficiency)."""
         q = np.asarray(q, dtype=float)
         c = np.asarray(c, dtype=float)
         flops = batch * 4.0 * q_heads * head_dim * (q * c + q * (q + 1) / 2.0)
         kv_bytes = batch * (c + q) * 4.0 * kv_heads * head_dim
-        compute = flops / (self.peak() * self.attn_mfu(q, c + q))
+        mfu = self.attn_mfu(q, c + q) * (self.eff.attn_dense_gain if dense else 1.0)
+        compute = flops / (self.peak() * mfu)
         memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.eff.kv_read_eff)
         return batch * self.eff.prefill_chunk_s + roofline(compute, memory, self.eff.roofline_n)
 
@@ -287,9 +354,13 @@ class Kernels:
             by_ctx = np.array([np.interp(lc, np.log(e.kv_eff_context), row) for row in plane])
             out.append(_interp_axis0(np.log(e.kv_eff_batch), by_ctx, lb))
         out = np.array(out)
-        if len(e.kv_eff_heads) == 1:
-            return base * out[0]
-        return base * _interp_axis0(np.asarray(e.kv_eff_heads, float), out, np.full(lb.shape, float(kv_heads)))
+        heads = np.asarray(e.kv_eff_heads, float)
+        if not heads[0] <= kv_heads <= heads[-1]:
+            # A head layout the table was not fitted on: its planes describe another kernel
+            # path (FlashInfer: CUDA cores at 32q/8kv, tensor cores at 32q/4kv), so only the
+            # fitted constants apply.
+            return base
+        return base * _interp_axis0(heads, out, np.full(lb.shape, float(kv_heads)))
 
     def engine_kv_factor(self, batch: np.ndarray, kv_heads: int) -> np.ndarray:
         """Engine KV time / kernel KV time (>= 1): 1 + half_units / (B x KV heads)."""
@@ -299,12 +370,23 @@ class Kernels:
         return 1.0 + self.eff.engine_kv_half_units / (b * kv_heads)
 
     def decode_attention(self, batch: np.ndarray, context: np.ndarray, q_heads: int, kv_heads: int,
-                         head_dim: int, *, engine: bool = True) -> np.ndarray:
-        """One layer: `batch` decodes each attending to `context` KV tokens (launch included)."""
+                         head_dim: int, *, engine: bool = True, path: str = "tensor_tile",
+                         tile_rows: int = 64) -> np.ndarray:
+        """One layer: `batch` decodes each attending to `context` KV tokens (launch included).
+
+        Memory: the KV read, at `kv_read_eff` times the small-batch engine term in an engine
+        step (`engine=True`), at the benchmarked kernel efficiency table otherwise.
+        Compute, by the kernel `path`:
+        * `tensor_tile`: tensor cores run each (sequence, KV head)'s query group padded to
+          `tile_rows` rows, 4 x max(group, tile_rows) x head_dim FLOPs per KV token, at the
+          GPU's attention efficiency for that KV length (`attn_mfu`);
+        * `cuda_core` (FlashInfer, GQA group <= 4): every query head on CUDA cores, 4 x
+          q_heads x head_dim FLOPs per KV token; in an engine at `decode_cuda_core_eff` of the
+          FP32 peak, in a bare-kernel benchmark (where the KV read binds) as before at
+          `mfu_attn_small_q` of the BF16 peak."""
         b = np.asarray(batch, dtype=float)
         ctx = np.asarray(context, dtype=float)
         kv_bytes = b * ctx * 4.0 * kv_heads * head_dim
-        flops = 4.0 * q_heads * head_dim * b * ctx
         if engine:
             # In an engine step the kernel runs with the engine's launch configuration: the
             # benchmark table does not apply, the engine term does.
@@ -312,9 +394,32 @@ class Kernels:
             memory = memory * self.engine_kv_factor(b, kv_heads)
         else:
             memory = kv_bytes / (self.gpu.hbm_bandwidth_bytes_s * self.kv_kernel_eff(b, ctx, kv_heads))
-        compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
+        group = q_heads / kv_heads
+        if path == "tensor_tile":
+            flops = 4.0 * b * kv_heads * max(group, float(tile_rows)) * head_dim * ctx
+            # The asymptotic attention efficiency: the prefill form's KV-length saturation
+            # describes one long causal pipeline, not many short decode CTAs.
+            compute = flops / (self.peak() * self.attn_mfu(1.0, np.asarray(1e12)))
+        elif path == "cuda_core":
+            flops = 4.0 * q_heads * head_dim * b * ctx
+            if engine:
+                if not self.gpu.peak_fp32_flops:
+                    raise ProfileError(f"{self.gpu.key}: no 'peak_fp32_flops' in the GPU spec "
+                                       "(FlashInfer's CUDA-core decode kernel needs it)")
+                compute = flops / (self.gpu.peak_fp32_flops * self.eff.decode_cuda_core_eff)
+            else:
+                compute = flops / (self.peak() * self.eff.mfu_attn_small_q)
+        else:
+            raise ProfileError(f"unknown decode attention path {path!r}")
         per_head = self.eff.decode_head_s * b * kv_heads
         return self.eff.attn_launch_per_layer_s + per_head + roofline(compute, memory, self.eff.roofline_n)
+
+    @staticmethod
+    def decode_path(engine: EngineSpec, q_heads: int, kv_heads: int) -> tuple[str, int]:
+        """The decode kernel an engine runs for a head layout: (path, tile rows)."""
+        if engine.decode_attention == "flashinfer" and q_heads <= 4 * kv_heads:
+            return "cuda_core", 0
+        return "tensor_tile", engine.decode_tile_rows
 
     # -- communication --------------------------------------------------------------------------
     def allreduce(self, nbytes: np.ndarray, tp: int) -> np.ndarray:
@@ -322,6 +427,41 @@ class Kernels:
             return np.zeros_like(np.asarray(nbytes, dtype=float))
         link = self.gpu.interconnect_bandwidth_bytes_s * self.eff.allreduce_eff
         return self.gpu.allreduce_latency_s + 2.0 * (tp - 1) / tp * np.asarray(nbytes, float) / link
+
+
+def power_law_routing(tokens: np.ndarray, experts: int, per_token: int, alpha: float,
+                      block: np.ndarray, points: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Experts touched, padded rows and mean rows per touched expert when the experts' loads
+    follow aiconfigurator's synthetic power law (collector/helper.py power_law_logits_v3:
+    each expert draws x from a power law of exponent `alpha` on [1, 0.8 T] (on [0.01, 2] when
+    T·k <= E), loads are x scaled to sum to T·k, rounded, and the remainder handed out from the
+    largest load down). The expectation is taken over
+    x's quantiles (`points` midpoints of its inverse CDF), the sum of x at its mean, so the
+    result is deterministic."""
+    t = np.atleast_1d(np.asarray(tokens, dtype=float))
+    blk = np.broadcast_to(np.asarray(block, dtype=float), t.shape)
+    e, k = float(experts), float(per_token)
+    u = (np.arange(points) + 0.5) / points
+    e_act, rows, mean_rows = (np.empty_like(t) for _ in range(3))
+    for i, (ti, bi) in enumerate(zip(t, blk)):
+        lo, hi = (1.0, 0.8 * ti) if ti * k > e else (0.01, 2.0)
+        a = 1.0 - alpha
+        x = ((hi ** a - lo ** a) * u + lo ** a) ** (1.0 / a) if hi > lo else np.full(points, lo)
+        n = np.round(x / x.mean() * ti * k / e)
+        # The collector hands the rounding's remainder out one token at a time, from the most
+        # loaded expert down (or takes it back from the least loaded).
+        short = int(np.rint((ti * k - e * float(n.mean())) / e * points))
+        if short > 0:
+            n[points - min(short, points):] += 1.0
+        elif short < 0:
+            positive = np.flatnonzero(n > 0)[: -short]
+            n[positive] -= 1.0
+        touched = float(np.mean(n >= 1.0))
+        e_act[i] = max(e * touched, 1.0)
+        rows[i] = e * float(np.mean(np.ceil(n / bi))) * bi
+        mean_rows[i] = ti * k / e_act[i]
+    shape = np.shape(tokens)
+    return e_act.reshape(shape), rows.reshape(shape), mean_rows.reshape(shape)
 
 
 def _interp_axis0(xs: np.ndarray, table: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -345,20 +485,23 @@ class AnalyticModel:
     gpu: GpuSpec
     model: ModelSpec  # one rank's share when model.tp > 1
     eff: Efficiency = field(default_factory=Efficiency)
+    engine: EngineSpec = field(default_factory=load_engine)
 
     @classmethod
-    def build(cls, gpu: str | GpuSpec, model: str | ModelSpec, tp: int = 1, **eff_overrides: Any) -> AnalyticModel:
+    def build(cls, gpu: str | GpuSpec, model: str | ModelSpec, tp: int = 1,
+              engine: str | EngineSpec | None = None, **eff_overrides: Any) -> AnalyticModel:
         g = gpu if isinstance(gpu, GpuSpec) else load_gpu(gpu)
         m = model if isinstance(model, ModelSpec) else load_model(model)
-        eff = efficiency_for(g)
+        e = engine if isinstance(engine, EngineSpec) else load_engine(engine)
+        eff = efficiency_for(g, e)
         if eff_overrides:
             eff = replace(eff, **eff_overrides)
-        return cls(g, shard(m, tp) if m.tp == 1 else m, eff)
+        return cls(g, shard(m, tp) if m.tp == 1 else m, eff, e)
 
     @classmethod
-    def named(cls, name: str, **eff_overrides: Any) -> AnalyticModel:
+    def named(cls, name: str, engine: str | EngineSpec | None = None, **eff_overrides: Any) -> AnalyticModel:
         gpu, model, tp = split_name(name)
-        return cls.build(gpu, model, tp, **eff_overrides)
+        return cls.build(gpu, model, tp, engine, **eff_overrides)
 
     @property
     def name(self) -> str:
@@ -401,11 +544,14 @@ class AnalyticModel:
 
     def decode_attention(self, batch: np.ndarray, total_context: np.ndarray) -> np.ndarray:
         """Attention of `batch` decodes whose KV lengths (c_i + 1) sum to total_context, every
-        layer, launch excluded (it is in `fixed`); each decode at the mean context."""
+        layer, launch excluded (it is in `fixed`); each decode at the mean context, with the
+        engine's decode kernel."""
         m = self.model
         b = np.maximum(np.asarray(batch, dtype=float), 1.0)
         ctx = np.asarray(total_context, dtype=float) / b
-        per_layer = self.kernels.decode_attention(b, ctx, m.attention_heads, m.kv_heads, m.head_dim)
+        path, rows = Kernels.decode_path(self.engine, m.attention_heads, m.kv_heads)
+        per_layer = self.kernels.decode_attention(b, ctx, m.attention_heads, m.kv_heads, m.head_dim,
+                                                  path=path, tile_rows=rows)
         return m.layers * (per_layer - self.eff.attn_launch_per_layer_s)
 
     def fixed(self) -> float:
@@ -419,22 +565,35 @@ class AnalyticModel:
         b = np.asarray(seqs, dtype=float)
         return self.eff.cpu_base_s + self.eff.cpu_per_seq_s * b
 
+    def host(self, seqs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """The step's host part: `cpu` plus the per-token CPU cost."""
+        return self.cpu(seqs) + self.eff.cpu_per_token_s * np.asarray(tokens, dtype=float)
+
+    def combine(self, host: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+        """A step from its host and GPU parts: their sum, or, in an engine whose host work
+        overlaps the GPU (`host_overlap`), the larger of the two."""
+        return np.maximum(host, gpu) if self.engine.host_overlap else host + gpu
+
     # -- the whole step (reference for tests and provenance) ----------------------------
     def step_time(
         self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
     ) -> float:
         b = len(prefill_chunks) + num_decodes
         t = sum(q for q, _ in prefill_chunks) + num_decodes
-        total = (
-            self.fixed()
-            + float(self.dense(t)) + float(self.moe(t))
-            + float(self.lm_head(b)) + float(self.cpu(b)) + self.eff.cpu_per_token_s * t
-        )
+        gpu = self.fixed() + float(self.dense(t)) + float(self.moe(t)) + float(self.lm_head(b))
         if num_decodes:
-            total += float(self.decode_attention(num_decodes, decode_context_tokens))
+            gpu += float(self.decode_attention(num_decodes, decode_context_tokens))
         for q, c in prefill_chunks:
-            total += float(self.prefill_attention(q, c))
-        return total
+            gpu += float(self.prefill_attention(q, c))
+        return float(self.combine(float(self.host(b, t)), gpu))
+
+    def decode_run_times(self, batch: int, first_context_tokens: int, num_steps: int) -> np.ndarray:
+        """`num_steps` decode-only steps of `batch` sequences whose summed context starts at
+        `first_context_tokens` and grows by `batch` a step (vectorised `step_time`)."""
+        ctx = first_context_tokens + batch * np.arange(num_steps, dtype=float)
+        gpu = (self.fixed() + float(self.dense(batch)) + float(self.moe(batch)) + float(self.lm_head(batch))
+               + self.decode_attention(np.full(num_steps, float(batch)), ctx))
+        return self.combine(float(self.host(batch, batch)), gpu)
 
     # -- memory -------------------------------------------------------------------------
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9, block_size: int = 16) -> int:
@@ -573,6 +732,8 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None, generated_by: 
         "fixed_s": float(analytic.fixed()),
         "cpu_per_token_s": eff.cpu_per_token_s,
     }
+    if analytic.engine.host_overlap:
+        meta["step"]["host_overlap"] = True
     meta["provenance"] = {
         "generated_by": generated_by or f"lmsim profile generate --only {analytic.name} "
                                         "(lmsim.profile.analytic)",
@@ -583,6 +744,10 @@ def tabulate(analytic: AnalyticModel, *, date: str | None = None, generated_by: 
             "values": eff.as_mapping(),
             "sources": EFFICIENCY_SOURCES,
         },
+        "engine": {"key": analytic.engine.key, "name": analytic.engine.name,
+                   "decode_attention": analytic.engine.decode_attention,
+                   "decode_tile_rows": analytic.engine.decode_tile_rows,
+                   "host_overlap": analytic.engine.host_overlap, "sources": analytic.engine.sources},
         "hardware_sources": gpu.sources,
         "model_sources": model.sources,
         "interpolation": "piecewise linear in each table axis (bilinear for matrices); first "

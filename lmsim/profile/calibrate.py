@@ -10,7 +10,7 @@ groups and what they fit:
   for the smooth form, roofline_n;
 * `prefill` (kernel_prefill_attention): attn_mfu, attn_half_kv, prefill_chunk_s;
 * `decode` (kernel_decode_attention): kv_read_eff, attn_launch_per_layer_s, decode_head_s;
-* `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s.
+* `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s, moe_stream_eff.
 
 A GPU without rows for a group borrows the group's constants from its nearest relative
 (`BORROW`: H800 is H100 silicon, H200 is H100 compute), recorded in the output. Then the
@@ -45,18 +45,21 @@ GROUPS = {
     "prefill": (("kernel_prefill_attention",), ("bf16", "fp16")),
     "decode": (("kernel_decode_attention",), ("bf16", "fp16")),
     "moe": (("kernel_moe",), ("bf16", "fp16")),
+    "moe_fp8": (("kernel_moe",), ("fp8",)),
 }
 # (name, initial value, lower, upper); fitted in log space inside the bounds.
 PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
     "gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0),
              ("gemm_launch_s", 3e-6, 1e-7, 3e-5), ("roofline_n", 2.0, 1.0, 12.0)],
-    "gemm_fp8": [("gemm_mfu_fp8", 0.8, 0.2, 1.0), ("weight_stream_eff_fp8", 0.6, 0.2, 1.0)],
+    "gemm_fp8": [("gemm_mfu_fp8", 0.8, 0.2, 1.0), ("weight_stream_eff_fp8", 0.6, 0.2, 1.0),
+                 ("gemm_launch_fp8_s", 3e-6, 1e-7, 3e-5)],
     "prefill": [("attn_mfu", 0.7, 0.1, 1.0), ("attn_half_kv", 500.0, 1.0, 20000.0),
                 ("prefill_chunk_s", 5e-6, 1e-7, 5e-5)],
     "decode": [("kv_read_eff", 0.85, 0.3, 1.0), ("attn_launch_per_layer_s", 10e-6, 1e-7, 5e-5),
                ("decode_head_s", 10e-9, 1e-11, 1e-6)],
     "moe": [("moe_mfu", 0.6, 0.05, 1.0), ("moe_half_rows", 16.0, 1.0, 5000.0),
-            ("moe_launch_s", 10e-6, 1e-7, 2e-4)],
+            ("moe_launch_s", 10e-6, 1e-7, 2e-4), ("moe_stream_eff", 0.75, 0.2, 1.0)],
+    "moe_fp8": [("moe_mfu_fp8", 0.6, 0.05, 1.0)],
 }
 BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
 # BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
@@ -133,10 +136,16 @@ def _log_errors(eff: Efficiency, gpu: str, rows: Sequence[Measurement], checker:
 
 
 def fit_group(gpu: str, group: str, rows: Sequence[Measurement], base: Efficiency,
-              *, smooth: bool = True, checker: Checker | None = None) -> GroupFit:
-    """The group's constants minimising the RMS log ratio over `rows` (fit split)."""
+              *, smooth: bool = True, checker: Checker | None = None,
+              only: tuple[str, ...] | None = None) -> GroupFit:
+    """The group's constants (or those named in `only`) minimising the robust log-ratio loss
+    over `rows` (fit split), from `base`'s values."""
     checker = checker or Checker()
-    params = [p for p in PARAMS[group] if smooth or p[0] != "roofline_n"]
+    params = [p for p in PARAMS[group] if (smooth or p[0] != "roofline_n") and (only is None or p[0] in only)]
+    if group == "prefill":
+        layouts = {checker.engine_of(r).prefill_kv_layout for r in rows}
+        if layouts == {"paged", "dense"}:  # the dense gain is identified only by both kinds of rows
+            params.append(("attn_dense_gain", 1.2, 0.5, 2.0))
     lo = np.log([p[2] for p in params])
     hi = np.log([p[3] for p in params])
 
@@ -161,37 +170,52 @@ def fit_group(gpu: str, group: str, rows: Sequence[Measurement], base: Efficienc
 KV_TABLE_BATCH = (1.0, 16.0, 256.0)
 KV_TABLE_CONTEXT = (4096.0, 32768.0, 131072.0)
 KV_TABLE_RIDGE = 0.01  # pull on log(multiplier) towards 1 where rows say little
+KV_TABLE_MIN_ROWS = 6  # a KV-head count gets its own plane from this many fit rows
 
 
 def fit_kv_table(gpu: str, rows: Sequence[Measurement], base: Efficiency,
                  checker: Checker | None = None) -> tuple[dict[str, Any], float]:
-    """Decode-kernel efficiency multipliers on a (batch x per-sequence context) grid, log-
-    bilinear between knots and held beyond them, fitted after the decode constants."""
+    """Decode-kernel efficiency multipliers on a (KV heads x batch x per-sequence context)
+    grid: one (batch x context) plane, log-bilinear between knots and held beyond them, per
+    KV-head count with at least KV_TABLE_MIN_ROWS rows (fitted on those rows alone, after the
+    decode constants); between head counts the planes interpolate linearly, and a head count
+    outside them gets no multiplier (`Kernels.kv_kernel_eff`). The head axis carries the
+    layout: FlashInfer runs 32q/8kv on CUDA cores and 32q/4kv on tensor cores, and their
+    efficiencies differ, so one layout's plane says nothing about another's."""
     checker = checker or Checker()
     n = len(KV_TABLE_BATCH) * len(KV_TABLE_CONTEXT)
+    counts = sorted({r.get("kv_heads") for r in rows})
+    heads = [h for h in counts if sum(r.get("kv_heads") == h for r in rows) >= KV_TABLE_MIN_ROWS] or [None]
 
-    def eff_at(x: np.ndarray) -> Efficiency:
-        vals = np.exp(np.clip(x, -1.0, 1.0)).reshape(len(KV_TABLE_BATCH), len(KV_TABLE_CONTEXT))
-        return replace(base, kv_eff_heads=(1.0,), kv_eff_batch=KV_TABLE_BATCH,
-                       kv_eff_context=KV_TABLE_CONTEXT,
-                       kv_eff_values=(tuple(tuple(float(v) for v in row) for row in vals),))
+    def table(planes: list[np.ndarray]) -> Efficiency:
+        vals = tuple(tuple(tuple(float(v) for v in row) for row in
+                           np.exp(np.clip(x, -1.0, 1.0)).reshape(len(KV_TABLE_BATCH), len(KV_TABLE_CONTEXT)))
+                     for x in planes)
+        return replace(base, kv_eff_heads=tuple(float(h or 1) for h in heads), kv_eff_batch=KV_TABLE_BATCH,
+                       kv_eff_context=KV_TABLE_CONTEXT, kv_eff_values=vals)
 
-    def cost(x: np.ndarray) -> float:
-        return robust_loss(_log_errors(eff_at(x), gpu, rows, checker)) + KV_TABLE_RIDGE * float(np.mean(x ** 2))
+    planes = [np.zeros(n) for _ in heads]
+    for i, h in enumerate(heads):
+        mine = [r for r in rows if h is None or r.get("kv_heads") == h]
 
-    x = np.zeros(n)
-    for _ in range(3):
-        x = nelder_mead(cost, x, step=0.1, iters=800)
-    best = eff_at(x)
+        def cost(x: np.ndarray, i: int = i, mine: list = mine) -> float:
+            trial = [*planes[:i], x, *planes[i + 1:]]
+            return robust_loss(_log_errors(table(trial), gpu, mine, checker)) + KV_TABLE_RIDGE * float(np.mean(x ** 2))
+
+        x = np.zeros(n)
+        for _ in range(3):
+            x = nelder_mead(cost, x, step=0.1, iters=800)
+        planes[i] = x
+    best = table(planes)
     rms = float(np.sqrt(np.mean(_log_errors(best, gpu, rows, checker) ** 2)))
     return {k: getattr(best, k) for k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context", "kv_eff_values")}, rms
 
 
 def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool = True,
               base: Efficiency | None = None, kv_table: bool = False) -> dict[str, Any]:
-    """Every GPU's fitted constants (fit rows only), with what each group was fitted on."""
+    """Every GPU's fitted constants (in-scope fit rows only), with what each group was fitted on."""
     base = base or Efficiency()
-    fit_rows = [r for r in rows if r.split == "fit"]
+    fit_rows = [r for r in rows if r.split == "fit" and r.in_scope]
     fits: dict[str, dict[str, GroupFit]] = {g: {} for g in gpus}
     for gpu in gpus:
         for group, (kinds, dtypes) in GROUPS.items():
@@ -208,42 +232,51 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
             if group in fits[gpu]:
                 continue
             donor = next((d for d in BORROW.get(gpu, ()) if group in fits.get(d, {})), None)
-            if donor is not None:
-                g = fits[donor][group]
+            if donor is None:
+                continue
+            g = fits[donor][group]
+            kinds, dtypes = GROUPS[group]
+            mine = [r for r in fit_rows if r.gpu == gpu and r.kind in kinds and r.dtype in dtypes]
+            if mine:
+                # Too few rows for the group's constants: borrow the donor's and fit only the
+                # first len(rows) of them (the efficiency first) to this GPU's rows.
+                start = replace(base, **g.values)
+                own = fit_group(gpu, group, mine, start, smooth=smooth,
+                                only=tuple(p[0] for p in PARAMS[group][:len(mine)]))
+                fits[gpu][group] = GroupFit(gpu, group, len(mine), {**g.values, **own.values}, own.rms_log,
+                                            borrowed_from=donor)
+            else:
                 fits[gpu][group] = GroupFit(gpu, group, 0, dict(g.values), g.rms_log, borrowed_from=donor)
     return fits
 
 
 # -- engine-level constants -----------------------------------------------------------------
 ENGINE_KINDS = ("e2e_b1", "tpot_b1", "ttft_b1", "decode_step", "prefill_throughput")
-ENGINE_PARAMS = [("layer_fixed_s", 8e-6, 1e-7, 1e-4), ("layer_fixed_moe_s", 45e-6, 1e-7, 5e-4),
-                 ("engine_kv_half_units", 8.0, 0.1, 500.0), ("cpu_base_s", 1.2e-3, 3e-4, 1e-2)]
+# (name, initial value, lower, upper): shared by every engine and GPU
+ENGINE_PARAMS = [("layer_fixed_s", 12e-6, 1e-7, 1e-4), ("layer_fixed_moe_s", 30e-6, 1e-7, 5e-4),
+                 ("engine_kv_half_units", 4.0, 0.1, 500.0)]
+# per engine: its host time, and its CUDA-core decode kernel's efficiency where it has one
+PER_ENGINE_PARAMS = [("cpu_base_s", 0.8e-3, 5e-5, 1e-2)]
+CUDA_CORE_PARAMS = [("decode_cuda_core_eff", 0.13, 0.01, 1.0)]
 
 
 def analytic_row(analytic, row: Measurement) -> float:
     """An engine row predicted from the analytic model directly (vectorised over the decode
     steps; the table predictor agrees within its interpolation error): for fitting only."""
+    from lmsim.profile.analytic import decode_seconds, prefill_seconds
     from lmsim.profile.measurements import DEFAULT_BUDGET, SECONDS, prefill_steps
-
-    def prefill(prompt: int, budget: int) -> float:
-        return sum(analytic.step_time([(min(budget, prompt - d), d)], 0, 0) for d in range(0, prompt, budget))
-
-    def decodes(prompt: int, output: int) -> float:
-        if output <= 1:
-            return 0.0
-        ctx = prompt + 1 + np.arange(output - 1, dtype=float)
-        one = analytic.step_time((), 1, prompt + 1) - float(analytic.decode_attention(1, prompt + 1))
-        return float(np.sum(one + analytic.decode_attention(np.ones_like(ctx), ctx)))
 
     budget = row.get("chunk_tokens", DEFAULT_BUDGET) or DEFAULT_BUDGET
     if row.kind == "e2e_b1":
-        s = prefill(row.get("input_tokens"), budget) + decodes(row.get("input_tokens"), row.get("output_tokens"))
+        prompt = row.get("input_tokens")
+        s = prefill_seconds(analytic, prompt, 0, budget) + decode_seconds(analytic, prompt, row.get("output_tokens"))
         return s / SECONDS[row.unit]
     if row.kind == "ttft_b1":
-        return prefill(row.get("input_tokens"), budget) / SECONDS[row.unit]
+        cached = row.get("context_tokens", 0) or 0
+        return prefill_seconds(analytic, row.get("input_tokens") - cached, cached, budget) / SECONDS[row.unit]
     if row.kind == "tpot_b1":
         out = row.get("output_tokens")
-        tpot = decodes(row.get("input_tokens"), out) / max(out - 1, 1)
+        tpot = decode_seconds(analytic, row.get("input_tokens"), out) / max(out - 1, 1)
         return 1.0 / tpot if row.unit == "tok/s" else tpot / SECONDS[row.unit]
     if row.kind == "decode_step":
         b, c = row.get("batch"), row.get("context_tokens")
@@ -254,37 +287,56 @@ def analytic_row(analytic, row: Measurement) -> float:
     return b * prompt / sum(analytic.step_time(chunks, 0, 0) for chunks in steps)
 
 
-def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
-               params: Sequence[tuple] = tuple(ENGINE_PARAMS)) -> tuple[dict, float]:
-    """The engine constants shared by every GPU, fitted on the engine rows (fit split) with
-    each GPU's kernel constants fixed. A parameter given as (name, init, lo, hi, gpu) is fitted
-    for that GPU alone (a BF16 kernel group the GPU has no kernel rows for)."""
-    from lmsim.profile.analytic import AnalyticModel
-    from lmsim.profile.hardware import load_model, shard
+def engine_params(rows: Sequence[Measurement], gpus_without_gemm: Sequence[str]) -> list[tuple]:
+    """The engine fit's parameters as (name, init, lo, hi, scope): scope None is shared,
+    ("engine", key) one engine's, ("gpu", key) one GPU's (a BF16 GEMM group the GPU has no
+    kernel rows for, fitted on its engine rows instead)."""
+    from lmsim.profile.hardware import load_engines
 
-    fit_rows = [r for r in rows if r.split == "fit" and r.kind in ENGINE_KINDS and r.gpu in kernel_eff]
-    specs = {}
-    usable = []
+    table = load_engines()
+    engines = sorted({table.for_text(r.engine).key for r in rows})
+    params: list[tuple] = [(*p, None) for p in ENGINE_PARAMS]
+    for key in engines:
+        params += [(*p, ("engine", key)) for p in PER_ENGINE_PARAMS]
+        if table.engines[key].decode_attention == "flashinfer":
+            params += [(*p, ("engine", key)) for p in CUDA_CORE_PARAMS]
+    for gpu in gpus_without_gemm:
+        params += [(*p, ("gpu", gpu)) for p in ENGINE_FITTED_GROUPS["gemm"]]
+    return params
+
+
+def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
+               params: Sequence[tuple]) -> tuple[dict, float]:
+    """The engine constants, fitted on the in-scope engine rows of the fit split with each
+    GPU's kernel constants fixed; each row is priced with the engine its `engine` column
+    names. Returns {(name, scope): value} and the RMS log ratio."""
+    from lmsim.profile.analytic import AnalyticModel
+    from lmsim.profile.hardware import load_engines, load_model, shard
+
+    table = load_engines()
+    fit_rows = [r for r in rows if r.split == "fit" and r.in_scope and r.kind in ENGINE_KINDS
+                and r.gpu in kernel_eff]
+    specs, usable = {}, []
     for r in fit_rows:
         try:
             specs[(r.model, r.tp)] = shard(load_model(r.model), r.tp)
-            usable.append(r)
+            usable.append((r, table.for_text(r.engine)))
         except Exception:
             continue
     lo = np.log([p[2] for p in params])
     hi = np.log([p[3] for p in params])
 
-    def values(x: np.ndarray) -> dict[tuple[str, str | None], float]:
-        return {(p[0], p[4] if len(p) > 4 else None): float(v)
-                for p, v in zip(params, np.exp(np.clip(x, lo, hi)))}
+    def values(x: np.ndarray) -> dict[tuple[str, Any], float]:
+        return {(p[0], p[4]): float(v) for p, v in zip(params, np.exp(np.clip(x, lo, hi)))}
 
     def errors(x: np.ndarray) -> np.ndarray:
         vals = values(x)
         out = []
-        for r in usable:
-            mine = {k: v for (k, g), v in vals.items() if g in (None, r.gpu)}
+        for r, engine in usable:
+            mine = {k: v for (k, scope), v in vals.items()
+                    if scope is None or scope == ("engine", engine.key) or scope == ("gpu", r.gpu)}
             eff = replace(kernel_eff[r.gpu], **mine)
-            model = AnalyticModel(_gpu(r.gpu), specs[(r.model, r.tp)], eff)
+            model = AnalyticModel(_gpu(r.gpu), specs[(r.model, r.tp)], eff, engine)
             out.append(math.log(analytic_row(model, r) / r.measured))
         return np.array(out)
 
@@ -292,12 +344,14 @@ def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
         return robust_loss(errors(x))
 
     def start(p: tuple) -> float:
-        eff = kernel_eff[p[4]] if len(p) > 4 else next(iter(kernel_eff.values()))
-        return getattr(eff, p[0]) or p[1]
+        scope = p[4]
+        if scope is not None and scope[0] == "gpu":
+            return getattr(kernel_eff[scope[1]], p[0]) or p[1]
+        return p[1]
 
     x = np.log([start(p) for p in params])
     for _ in range(2):
-        x = nelder_mead(cost, x, iters=300)
+        x = nelder_mead(cost, x, iters=400)
     return values(x), float(np.sqrt(np.mean(errors(x) ** 2)))
 
 
@@ -312,13 +366,15 @@ def base_efficiency(smooth: bool) -> Efficiency:
     return Efficiency(
         gemm_mfu=0.8, moe_mfu=0.8, moe_half_rows=12.4, attn_mfu=0.7, attn_half_kv=500.0,
         roofline_n=2.0 if smooth else None, gemm_launch_s=3e-6, prefill_chunk_s=5e-6,
-        engine_kv_half_units=8.0,
+        engine_kv_half_units=4.0,
     )
 
 
 def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table: bool = False) -> dict[str, Any]:
-    """Kernel groups per GPU, then the engine constants: each GPU's fitted `efficiency` mapping
-    and a record of what every value was fitted on."""
+    """Kernel groups per GPU, then the engine constants: each GPU's fitted `efficiency` mapping,
+    each engine's fitted constants, and a record of what every value was fitted on. Rows
+    marked out of scope are left out."""
+    rows = [r for r in rows if r.in_scope]
     base = base_efficiency(smooth)
     fits = calibrate(rows, GPUS, smooth=smooth, base=base, kv_table=kv_table)
     effs: dict[str, Efficiency] = {}
@@ -331,25 +387,30 @@ def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table:
             rec[group] = {"fit_rows": f.rows, "rms_log_ratio": round(f.rms_log, 4)}
             if f.borrowed_from:
                 rec[group] = {"borrowed_from": f.borrowed_from}
+                if f.rows:
+                    rec[group].update(own_fit_rows=f.rows, own_fitted=[p[0] for p in PARAMS[group][:f.rows]],
+                                      rms_log_ratio=round(f.rms_log, 4))
         effs[gpu] = replace(base, **values)
         record[gpu] = rec
-    engine_gpus = sorted({r.gpu for r in rows if r.kind in ENGINE_KINDS and r.split == "fit"} & set(GPUS))
-    params: list[tuple] = list(ENGINE_PARAMS)
-    for gpu in engine_gpus:
-        for group, group_params in ENGINE_FITTED_GROUPS.items():
-            if group not in fits[gpu]:
-                params += [(*p, gpu) for p in group_params]
+    engine_rows = [r for r in rows if r.kind in ENGINE_KINDS and r.split == "fit" and r.gpu in GPUS]
+    engine_gpus = sorted({r.gpu for r in engine_rows})
+    no_gemm = [g for g in engine_gpus if "gemm" not in fits[g]]
+    params = engine_params(engine_rows, no_gemm)
     vals, rms = fit_engine(rows, {g: effs[g] for g in engine_gpus}, params)
+    engines: dict[str, dict[str, float]] = {}
     for (name, scope), v in vals.items():
+        if scope is not None and scope[0] == "engine":
+            engines.setdefault(scope[1], {})[name] = v
+            continue
         for gpu in GPUS:
-            if scope in (None, gpu):
+            if scope is None or scope == ("gpu", gpu):
                 effs[gpu] = replace(effs[gpu], **{name: v})
                 if scope is not None:
                     record[gpu].setdefault("engine_fitted", []).append(name)
     for gpu in GPUS:
-        record[gpu]["engine"] = {"fitted_on": f"end-to-end rows of {', '.join(engine_gpus)}",
+        record[gpu]["engine"] = {"fitted_on": f"in-scope end-to-end rows of {', '.join(engine_gpus)}",
                                  "rms_log_ratio": round(rms, 4)}
-    return {"efficiency": effs, "record": record}
+    return {"efficiency": effs, "record": record, "engines": engines}
 
 
 MARKER = "# -- fitted by `lmsim profile calibrate`; do not edit by hand --"
@@ -368,6 +429,21 @@ def efficiency_mapping(eff: Efficiency) -> dict[str, Any]:
         if v != default[k]:
             out[k] = v if k in ("kv_eff_heads", "kv_eff_batch", "kv_eff_context") else rounded(v)
     return out
+
+
+def write_engine_constants(engines: dict[str, dict[str, float]]) -> Path:
+    """Replace the fitted block at the end of engines.yaml (everything after MARKER)."""
+    import yaml
+
+    from lmsim.outputs import write_text
+    from lmsim.profile.hardware import ENGINES_FILE
+
+    text = ENGINES_FILE.read_text()
+    head = text.split(MARKER)[0].rstrip("\n") + "\n"
+    fitted = {key: {k: float(f"{v:.4g}") for k, v in sorted(vals.items())} for key, vals in sorted(engines.items())}
+    block = yaml.safe_dump({"fitted": fitted}, sort_keys=False, width=100, default_flow_style=False)
+    write_text(ENGINES_FILE, f"{head}{MARKER}\n{block}")
+    return ENGINES_FILE
 
 
 def write_gpu_efficiency(gpu: str, eff: Efficiency, record: dict[str, Any], note: str) -> Path:

@@ -4,6 +4,10 @@
   `a100`, `l40s`), every number cited in its `sources`, plus the per-GPU efficiency constants
   the analytic form was fitted to (`efficiency`, see `lmsim.profile.analytic`). A user's GPU is
   a YAML file with the same keys (`--gpu my_gpu.yaml`).
+* Engines: `lmsim/data/hardware/engines.yaml` describes the serving engines a profile can be
+  built for (`--engine`): how decode attention runs (tensor-core tile or FlashInfer's
+  CUDA-core/tensor-core dispatch), whether host work overlaps the GPU, and the engine's
+  fitted host time. The default, `vllm-v1`, is what the simulator models.
 * Models: the keys lmsim reads from a Hugging Face `config.json` (`num_hidden_layers`,
   `hidden_size`, `num_attention_heads`, `num_key_value_heads`, `head_dim`, `intermediate_size`,
   `vocab_size`, `num_experts`/`num_local_experts`/`n_routed_experts`, `num_experts_per_tok`,
@@ -38,6 +42,7 @@ from lmsim.errors import ProfileError
 HARDWARE_DIR = DATA_DIR / "hardware"
 GPUS_DIR = HARDWARE_DIR / "gpus"
 MODELS_FILE = HARDWARE_DIR / "models.yaml"
+ENGINES_FILE = HARDWARE_DIR / "engines.yaml"
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "bf16": 2, "fp16": 2, "float8_e4m3fn": 1}
 # Architectures whose QKV projections carry a bias although config.json has no key saying so.
@@ -58,6 +63,7 @@ class GpuSpec:
     sources: dict[str, str]
     arch: str = "hopper"
     peak_fp8_flops: float | None = None
+    peak_fp32_flops: float | None = None  # CUDA-core FP32 (FlashInfer's CUDA-core decode kernel)
     interconnect_bandwidth_bytes_s: float = 450e9
     allreduce_latency_s: float = 10e-6
     efficiency: dict[str, Any] = field(default_factory=dict)  # fitted constants (analytic.py)
@@ -70,7 +76,7 @@ class GpuSpec:
 
 GPU_REQUIRED = ("name", "peak_bf16_flops", "hbm_bandwidth_bytes_s", "memory_mib_visible")
 GPU_OPTIONAL = {
-    "arch": "hopper", "peak_fp8_flops": None, "memory_gb_nominal": None,
+    "arch": "hopper", "peak_fp8_flops": None, "peak_fp32_flops": None, "memory_gb_nominal": None,
     "interconnect_bandwidth_bytes_s": 450e9, "allreduce_latency_s": 10e-6,
     "sources": {}, "efficiency": {}, "efficiency_like": None, "calibration": {},
 }
@@ -130,8 +136,9 @@ def gpu_from_mapping(raw: Any, where: str, key: str) -> GpuSpec:
     for k in ("peak_bf16_flops", "hbm_bandwidth_bytes_s", "memory_mib_visible", "interconnect_bandwidth_bytes_s"):
         facts[k] = _positive(where, k, facts[k])
     facts["allreduce_latency_s"] = _positive(where, "allreduce_latency_s", facts["allreduce_latency_s"], zero=True)
-    if facts["peak_fp8_flops"] is not None:
-        facts["peak_fp8_flops"] = _positive(where, "peak_fp8_flops", facts["peak_fp8_flops"])
+    for k in ("peak_fp8_flops", "peak_fp32_flops"):
+        if facts[k] is not None:
+            facts[k] = _positive(where, k, facts[k])
     nominal = facts["memory_gb_nominal"]
     nominal = facts["memory_mib_visible"] * 1.048576 / 1000 if nominal is None else _positive(
         where, "memory_gb_nominal", nominal)
@@ -147,7 +154,7 @@ def gpu_from_mapping(raw: Any, where: str, key: str) -> GpuSpec:
         hbm_bandwidth_bytes_s=facts["hbm_bandwidth_bytes_s"], memory_gb_nominal=float(nominal),
         memory_mib_visible=facts["memory_mib_visible"],
         sources={str(k): str(v) for k, v in facts["sources"].items()}, arch=str(facts["arch"]),
-        peak_fp8_flops=facts["peak_fp8_flops"],
+        peak_fp8_flops=facts["peak_fp8_flops"], peak_fp32_flops=facts["peak_fp32_flops"],
         interconnect_bandwidth_bytes_s=facts["interconnect_bandwidth_bytes_s"],
         allreduce_latency_s=facts["allreduce_latency_s"], efficiency=dict(facts["efficiency"]),
         efficiency_like=None if like is None else str(like),
@@ -166,6 +173,100 @@ def load_gpu(name_or_path: str | Path, *, where: str = "--gpu") -> GpuSpec:
         raise ProfileError(f"{where}: unknown GPU {text!r} (known: {', '.join(shipped_gpus())}; "
                            "or a path to your own GPU spec YAML)")
     return gpu_from_mapping(_read_yaml(shipped, "GPU spec"), str(shipped), key)
+
+
+# -- engines ------------------------------------------------------------------------------------
+DECODE_PATHS = ("tensor_tile", "flashinfer")
+KV_LAYOUTS = ("paged", "dense")
+ENGINE_FIELDS = {"name": "", "matches": [], "decode_attention": "tensor_tile", "decode_tile_rows": 64,
+                 "prefill_kv_layout": "paged", "moe_power_law_alpha": None, "moe_block_rows": None, "host_overlap": False,
+                 "cuda_graph_max_context": None, "sources": {}}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A serving engine's traits that change step costs (engines.yaml)."""
+
+    key: str
+    name: str
+    matches: tuple[str, ...] = ()
+    decode_attention: str = "tensor_tile"
+    decode_tile_rows: int = 64
+    prefill_kv_layout: str = "paged"
+    moe_power_law_alpha: float | None = None  # a benchmark's synthetic routing; None: uniform
+    moe_block_rows: int | None = None  # a grouped GEMM aligning every expert to this many rows
+    host_overlap: bool = False
+    cuda_graph_max_context: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    efficiency: dict[str, Any] = field(default_factory=dict)  # fitted overrides (calibrate)
+
+
+@dataclass(frozen=True)
+class EngineTable:
+    default: str
+    engines: dict[str, EngineSpec]
+
+    def for_text(self, text: str) -> EngineSpec:
+        """The engine a measurement's `engine` column names: the first entry with a matching
+        substring (case-insensitive), else the default."""
+        low = text.lower()
+        for spec in self.engines.values():
+            if any(m.lower() in low for m in spec.matches):
+                return spec
+        return self.engines[self.default]
+
+
+def _engine_from_mapping(key: str, raw: Any, fitted: Any, where: str) -> EngineSpec:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: engine {key!r} must be a mapping")
+    check_fields(raw, where, (), ENGINE_FIELDS, prefix=f"engines.{key}.", list_known=True)
+    facts = {**ENGINE_FIELDS, **raw}
+    if facts["decode_attention"] not in DECODE_PATHS:
+        raise ProfileError(f"{where}: field 'engines.{key}.decode_attention' must be one of "
+                           f"{', '.join(DECODE_PATHS)}, got {facts['decode_attention']!r}")
+    if facts["prefill_kv_layout"] not in KV_LAYOUTS:
+        raise ProfileError(f"{where}: field 'engines.{key}.prefill_kv_layout' must be one of "
+                           f"{', '.join(KV_LAYOUTS)}, got {facts['prefill_kv_layout']!r}")
+    rows = int(_positive(where, f"engines.{key}.decode_tile_rows", facts["decode_tile_rows"], integer=True))
+    graph = facts["cuda_graph_max_context"]
+    if graph is not None:
+        graph = int(_positive(where, f"engines.{key}.cuda_graph_max_context", graph, integer=True))
+    if not isinstance(facts["matches"], list) or not isinstance(facts["sources"], dict):
+        raise ProfileError(f"{where}: engine {key!r}: 'matches' must be a list and 'sources' a mapping")
+    if fitted is not None and not isinstance(fitted, dict):
+        raise ProfileError(f"{where}: field 'fitted.{key}' must be a mapping")
+    return EngineSpec(key=key, name=str(facts["name"] or key), matches=tuple(str(m) for m in facts["matches"]),
+                      decode_attention=facts["decode_attention"], decode_tile_rows=rows,
+                      prefill_kv_layout=facts["prefill_kv_layout"],
+                      moe_power_law_alpha=None if facts["moe_power_law_alpha"] is None else _positive(
+                          where, f"engines.{key}.moe_power_law_alpha", facts["moe_power_law_alpha"]),
+                      moe_block_rows=None if facts["moe_block_rows"] is None else int(_positive(
+                          where, f"engines.{key}.moe_block_rows", facts["moe_block_rows"], integer=True)),
+                      host_overlap=bool(facts["host_overlap"]), cuda_graph_max_context=graph,
+                      sources={str(k): str(v) for k, v in facts["sources"].items()},
+                      efficiency=dict(fitted or {}))
+
+
+def load_engines(path: Path = ENGINES_FILE) -> EngineTable:
+    raw = _read_yaml(path, "engine table")
+    if not isinstance(raw, dict) or not isinstance(raw.get("engines"), dict):
+        raise ProfileError(f"{path}: expected a mapping with 'engines'")
+    fitted = raw.get("fitted") or {}
+    engines = {str(k): _engine_from_mapping(str(k), v, fitted.get(k), str(path)) for k, v in raw["engines"].items()}
+    default = str(raw.get("default", ""))
+    if default not in engines:
+        raise ProfileError(f"{path}: field 'default' names unknown engine {default!r}")
+    return EngineTable(default, engines)
+
+
+def load_engine(name: str | None = None, *, where: str = "--engine") -> EngineSpec:
+    """A shipped engine by key (`sglang-0.4`); None gives the default (vLLM v1)."""
+    table = load_engines()
+    if name is None:
+        return table.engines[table.default]
+    if name not in table.engines:
+        raise ProfileError(f"{where}: unknown engine {name!r} (known: {', '.join(table.engines)})")
+    return table.engines[name]
 
 
 # -- models -------------------------------------------------------------------------------------

@@ -13,6 +13,17 @@ every row, `Checker.predict` gives lmsim's value in the row's unit:
 * kernel rows are predicted from the analytic kernel groups of the row's GPU (the functional
   form, `analytic.Kernels`), with the row's own shapes.
 
+Scope. A row whose `scope` column says `out: <reason>` measures something lmsim does not model
+(an eager-mode engine, a synthetic kernel layout, a cache-resident benchmark...): it is still
+predicted and counted, on its own line, but the summary's bar (`in_scope`) and calibration
+leave it out. An empty `scope` (or a table without the column) means in scope.
+
+Engines. Engine rows are priced with the engine their `engine` column names
+(`lmsim/data/hardware/engines.yaml`: decode kernel path, host overlap, host time): the shipped
+profile when the engine is the default (vLLM v1), else a profile built as `lmsim profile new
+--engine` builds it. Kernel decode-attention rows take their kernel path from the same table
+(FlashInfer's CUDA-core/tensor-core dispatch, FlashAttention's 64-row tile).
+
 Split. Every row is either `fit` or `check`, by the first byte of sha256(id): `check` when it
 is divisible by 3 (about a third of the rows), `fit` otherwise. Only fit rows may calibrate
 constants (`lmsim.profile.calibrate`); the check rows are what the summary reports as the
@@ -37,6 +48,7 @@ COLUMNS = (
     "input_tokens", "output_tokens", "context_tokens", "chunk_tokens", "q_heads", "kv_heads",
     "head_dim", "gemm_m", "gemm_n", "gemm_k", "measured", "unit", "condition",
 )
+OPTIONAL_COLUMNS = ("scope",)  # empty: in scope; "out: <reason>": predicted, not held to the bar
 INT_COLUMNS = ("num_gpus", "tp", "batch", "input_tokens", "output_tokens", "context_tokens",
                "chunk_tokens", "q_heads", "kv_heads", "head_dim", "gemm_m", "gemm_n", "gemm_k")
 KINDS = {
@@ -72,6 +84,7 @@ class Measurement:
     values: dict[str, int | None]  # the integer columns, None where empty
     url: str = ""
     line: int = 0
+    scope: str = ""  # "" in scope, else "out: <reason>"
 
     def get(self, column: str, default: int | None = None) -> int | None:
         v = self.values.get(column)
@@ -84,6 +97,14 @@ class Measurement:
     @property
     def tp(self) -> int:
         return int(self.get("tp", 1) or 1)
+
+    @property
+    def in_scope(self) -> bool:
+        return not self.scope
+
+    @property
+    def scope_reason(self) -> str:
+        return self.scope.removeprefix("out:").strip()
 
 
 def split_of(row_id: str) -> str:
@@ -118,6 +139,7 @@ def read_measurements(path: str | Path | None = None) -> list[Measurement]:
         if len(cells) != len(header):
             raise ProfileError(f"{where}: {len(cells)} cells, the header has {len(header)}")
         raw = {h: c.strip() for h, c in zip(header, cells)}
+        raw.setdefault("scope", "")
         rows.append(_row(raw, where, n))
         if rows[-1].id in seen:
             raise ProfileError(f"{where}: column 'id': duplicate id {rows[-1].id!r}")
@@ -162,10 +184,14 @@ def _row(raw: dict[str, str], where: str, line: int) -> Measurement:
         raise ProfileError(f"{where}: column 'model' is required for kind {kind!r}")
     if not kind.startswith("kernel_") and not raw["model"]:
         raise ProfileError(f"{where}: column 'model' is required for kind {kind!r}")
+    scope = raw["scope"]
+    if scope and (not scope.startswith("out: ") or len(scope) < 15):
+        raise ProfileError(f"{where}: column 'scope': empty (in scope) or 'out: <reason>', got {scope!r}")
     return Measurement(
         id=raw["id"], source=raw["source"], gpu=raw["gpu"].lower(), model=raw["model"].lower(),
         engine=raw["engine"], dtype=(raw["dtype"] or "bf16").lower(), kind=kind, measured=measured,
         unit=raw["unit"], condition=raw["condition"], values=values, url=raw["url"], line=line,
+        scope=scope,
     )
 
 
@@ -209,10 +235,17 @@ class Checker:
     """Predicts rows; caches one profile per (gpu, model, tp)."""
 
     def __init__(self, profiles: dict[tuple[str, str, int], Any] | None = None) -> None:
-        self._profiles: dict[tuple[str, str, int], tuple[Any, str]] = {}
+        from lmsim.profile.hardware import load_engines
+
+        self._profiles: dict[tuple[str, str, int, str], tuple[Any, str]] = {}
         self._given = profiles or {}
         self._kernels: dict[str, Any] = {}
         self._models: dict[str, Any] = {}
+        self.engines = load_engines()
+
+    def engine_of(self, row: Measurement):
+        """The engine spec the row's `engine` column names (engines.yaml `matches`)."""
+        return self.engines.for_text(row.engine)
 
     # -- what prices a row --------------------------------------------------------------------
     def model_spec(self, name: str):
@@ -229,23 +262,30 @@ class Checker:
             self._kernels[gpu] = Kernels.named(gpu)
         return self._kernels[gpu]
 
-    def table_model(self, gpu: str, model: str, tp: int) -> tuple[Any, str]:
-        """The shipped profile for (gpu, model, tp), else one built as `profile new` would."""
+    def table_model(self, gpu: str, model: str, tp: int, engine: str | None = None) -> tuple[Any, str]:
+        """For (gpu, model, tp) and an engine (default: vLLM v1): a profile given to the
+        checker for that engine, else the shipped one when the engine is the default, else
+        one built as `profile new --engine` would."""
+        engine = engine or self.engines.default
         key = (gpu, self.model_spec(model).key, tp)
-        if key in self._given:
-            return self._given[key]
-        if key not in self._profiles:
+        given = self._given.get(key)
+        if given is not None and _profile_engine(given[0], self.engines.default) == engine:
+            return given
+        full = (*key, engine)
+        if full not in self._profiles:
             from lmsim.data import PROFILES_DIR
             from lmsim.profile.analytic import AnalyticModel, profile_name, tabulate
             from lmsim.profile.tables import TableCostModel, load_table_profile
 
             name = profile_name(*key)
-            if (PROFILES_DIR / name / "profile.yaml").is_file():
-                self._profiles[key] = (load_table_profile(name), name)
+            shipped = PROFILES_DIR / name / "profile.yaml"
+            if engine == self.engines.default and shipped.is_file():
+                self._profiles[full] = (load_table_profile(name), name)
             else:
-                analytic = AnalyticModel.build(gpu, self.model_spec(model), tp)
-                self._profiles[key] = (TableCostModel(tabulate(analytic, date="-")), f"{name} (built)")
-        return self._profiles[key]
+                analytic = AnalyticModel.build(gpu, self.model_spec(model), tp, self.engines.engines[engine])
+                label = f"{name} (built)" if engine == self.engines.default else f"{name} (built, {engine})"
+                self._profiles[full] = (TableCostModel(tabulate(analytic, date="-")), label)
+        return self._profiles[full]
 
     # -- rows ---------------------------------------------------------------------------------
     def predict(self, row: Measurement) -> Prediction:
@@ -253,7 +293,7 @@ class Checker:
             if row.kind in KERNEL_KINDS:
                 value, label = self._kernel(row), f"{row.gpu} kernels"
             else:
-                model, label = self.table_model(row.gpu, row.model, row.tp)
+                model, label = self.table_model(row.gpu, row.model, row.tp, self.engine_of(row).key)
                 value = self._engine(row, model)
         except ProfileError as exc:
             return Prediction(row, None, f"cannot predict: {exc}")
@@ -294,13 +334,16 @@ class Checker:
             m, n, kk = row.get("gemm_m"), row.get("gemm_n"), row.get("gemm_k")
             return _to_unit(float(k.gemm(m, float(n) * kk, fp8=fp8)), unit)
         if row.kind == "kernel_decode_attention":
-            t = k.decode_attention(row.get("batch"), row.get("context_tokens"), row.get("q_heads"),
-                                   row.get("kv_heads"), row.get("head_dim"), engine=False)
+            qh, kvh = row.get("q_heads"), row.get("kv_heads")
+            path, rows = k.decode_path(self.engine_of(row), qh, kvh)
+            t = k.decode_attention(row.get("batch"), row.get("context_tokens"), qh, kvh, row.get("head_dim"),
+                                   engine=False, path=path, tile_rows=rows)
             return _to_unit(float(t), unit)
         if row.kind == "kernel_prefill_attention":
             b = row.get("batch", 1) or 1
+            dense = self.engine_of(row).prefill_kv_layout == "dense"
             t = k.prefill_attention(row.get("chunk_tokens"), row.get("context_tokens", 0), row.get("q_heads"),
-                                    row.get("kv_heads"), row.get("head_dim"), batch=b)
+                                    row.get("kv_heads"), row.get("head_dim"), batch=b, dense=dense)
             return _to_unit(float(t), unit)
         from lmsim.profile.hardware import shard
 
@@ -311,8 +354,18 @@ class Checker:
         if row.kind == "kernel_moe":
             if not spec.is_moe:
                 raise ProfileError(f"model {row.model!r} has no experts")
-            return _to_unit(float(k.moe(tokens, spec.experts, spec.experts_per_token, spec.expert_params, fp8=fp8)), unit)
+            kernel = self.engine_of(row)
+            return _to_unit(float(k.moe(tokens, spec.experts, spec.experts_per_token, spec.expert_params, fp8=fp8,
+                                        power_law_alpha=kernel.moe_power_law_alpha,
+                                        block_rows=kernel.moe_block_rows)), unit)
         raise AssertionError(row.kind)
+
+
+def _profile_engine(model: Any, default: str) -> str:
+    """The engine a table profile was built for (its provenance), the default when unrecorded."""
+    prov = (getattr(getattr(model, "data", None), "meta", None) or {}).get("provenance") or {}
+    engine = prov.get("engine") if isinstance(prov, dict) else None
+    return str(engine.get("key", default)) if isinstance(engine, dict) else default
 
 
 # -- selection and summary ----------------------------------------------------------------
@@ -336,8 +389,14 @@ def rows_for_profile(rows: list[Measurement], gpu: str, model: str, tp: int, che
     return out
 
 
+LONG_CONTEXT_TOKENS = 30_000  # the issue's long-context end-to-end rows: prompts of 30k and more
+ENGINE_KINDS = ("e2e_b1", "tpot_b1", "ttft_b1", "decode_step", "prefill_throughput")
+
+
 def summarise(preds: list[Prediction], within: float = 0.10) -> dict[str, Any]:
-    """Counts within `within`, worst ratio (furthest from 1 in log terms), per split."""
+    """Counts within `within`, worst ratio (furthest from 1 in log terms): `all` rows;
+    `in_scope` (the rows the bar applies to) and its `fit`/`check` splits; `out_of_scope`;
+    `long_context`, the in-scope end-to-end rows with prompts of 30k tokens and more, per GPU."""
     def block(ps: list[Prediction]) -> dict[str, Any]:
         answered = [p for p in ps if p.ratio is not None]
         if not answered:
@@ -354,8 +413,14 @@ def summarise(preds: list[Prediction], within: float = 0.10) -> dict[str, Any]:
             "median_abs_log_ratio": round(float(np.median(logs)), 4),
         }
 
+    inside = [p for p in preds if p.row.in_scope]
+    longs = [p for p in inside if p.row.kind == "e2e_b1" and (p.row.get("input_tokens") or 0) >= LONG_CONTEXT_TOKENS]
     return {
         "all": block(preds),
-        "fit": block([p for p in preds if p.row.split == "fit"]),
-        "check": block([p for p in preds if p.row.split == "check"]),
+        "in_scope": block(inside),
+        "fit": block([p for p in inside if p.row.split == "fit"]),
+        "check": block([p for p in inside if p.row.split == "check"]),
+        "out_of_scope": block([p for p in preds if not p.row.in_scope]),
+        "long_context": {gpu: block([p for p in longs if p.row.gpu == gpu])
+                         for gpu in sorted({p.row.gpu for p in longs})},
     }

@@ -70,6 +70,10 @@ FIELDS: tuple[Field, ...] = (
     Field("memory.note", "str", False, "", "free text"),
     Field("step.fixed_s", "number", True, ">= 0", "cost of every step, s"),
     Field("step.cpu_per_token_s", "number", True, ">= 0", "CPU cost per scheduled token, s"),
+    Field("step.host_overlap", "bool", False, "",
+          "the engine prepares the next step on the CPU while the GPU runs this one (SGLang's "
+          "overlap scheduler): a step costs max(cpu_s + cpu_per_token_s x T, the rest) instead of "
+          "their sum (default false, vLLM v1)"),
     Field("limits.decode_context_per_sequence", "int", False, "> 0",
           "largest per-sequence KV length the decode table was measured at; a decode step whose "
           "mean context exceeds it counts as outside the grid"),

@@ -15,7 +15,9 @@ strictly increasing and every time finite and non-negative.
 
 `TableCostModel` prices a step as
 `fixed_s + tokens(T) + seqs(B) + cpu_per_token_s*T + decode_attention(B_d, C_d)
-+ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences. It
++ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences; a
+profile of an engine whose host work overlaps the GPU (`step.host_overlap: true`) takes
+max(host, rest) with host = `cpu_s(B) + cpu_per_token_s*T` instead of the sum. It
 reads only the tables, never the formula that generated them. Interpolation is piecewise
 linear (bilinear in 2-D); below the first grid point the first value is held, beyond the last
 the last segment is extended linearly. Run-time arithmetic is +, -, *, / only, so the scalar
@@ -150,6 +152,10 @@ class TableCostModel:
         self._seq_y = (data.lm_head_s + data.cpu_s).astype(float)
         self._tok_xl, self._tok_yl = self._tok_x.tolist(), self._tok_y.tolist()
         self._seq_xl, self._seq_yl = self._seq_x.tolist(), self._seq_y.tolist()
+        # An engine that overlaps host work with the GPU (SGLang's overlap scheduler) pays the
+        # larger of the two; vLLM v1 (the default) pays their sum on the fast path below.
+        self._overlap = bool(data.meta["step"].get("host_overlap", False))
+        self._cpu_yl = data.cpu_s.astype(float).tolist()
         self._pa_q, self._pa_c = data.pa_q.astype(float).tolist(), data.pa_c.astype(float).tolist()
         self._pa = data.pa.astype(float).tolist()
         self._da_bx = data.da_b.astype(float)
@@ -232,6 +238,8 @@ class TableCostModel:
         # `_base`, `_decode_attention` and `_prefill_attention` inlined (the router prices
         # 16 steps per llmd decision): the same operations in the same order, so the same bits.
         # The 1-D lookups are memoised by their integer argument (batches repeat).
+        if self._overlap:
+            return self._overlapped_step(prefill_chunks, num_decodes, decode_context_tokens)
         seqs = num_decodes
         tokens = num_decodes
         for q, _ in prefill_chunks:
@@ -278,6 +286,19 @@ class TableCostModel:
                 t = t + (r0 * (1.0 - wq) + r1 * wq)
         return float(t)
 
+    def _overlapped_step(
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+    ) -> float:
+        """max(host, GPU) for a `host_overlap` profile: the components' sum split into the host
+        part (`cpu_s(B) + cpu_per_token_s*T`) and the rest."""
+        seqs = num_decodes + len(prefill_chunks)
+        tokens = num_decodes + sum(q for q, _ in prefill_chunks)
+        parts = self.components(prefill_chunks, num_decodes, decode_context_tokens)
+        host = _lerp(self._seq_xl, self._cpu_yl, seqs) + self._cpt * tokens
+        total = parts["fixed"] + parts["tokens"] + parts["seqs"] + parts["decode_attention"] + parts["prefill_attention"]
+        gpu = total - host
+        return float(host if host > gpu else gpu)
+
     def _decode_row(self, num_decodes: int) -> tuple[float, list[float], np.ndarray]:
         """The step's fixed part and the decode-attention row blended at batch `num_decodes`
         (as a list and an array), cached: a run's steps share their batch size. Each entry is
@@ -310,6 +331,10 @@ class TableCostModel:
         one prices each segment's steps in one comprehension over a `range` (measured 2.5x
         slower than step by step for 1-2 steps, faster from ~7, 1.3x at 33). The arithmetic
         is `_decode_attention`'s, so the bits are step_time's."""
+        if self._overlap:
+            # Priced step by step so a fast-forwarded run keeps step_time's bits.
+            return [self.step_time((), num_decodes, first_context_tokens + k * num_decodes)
+                    for k in range(num_steps)]
         if num_decodes == 0:
             return [float(self._base(0, 0))] * num_steps
         base, row, _ = self._decode_row(num_decodes)
