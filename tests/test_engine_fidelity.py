@@ -81,13 +81,15 @@ def test_a_preempted_request_resumes_with_its_own_output_cached():
 def test_long_prefill_threshold_does_not_cap_a_request_alone():
     # vLLM 0.33 Scheduler.schedule waives long_prefill_token_threshold when running +
     # waiting <= 1. A 1,000-token prompt alone with threshold 300: one 1,000-token step,
-    # 10 + 1000 = 1010 ms. With a second request waiting, both are capped: A's 300-token
-    # chunk and B's 300 share the first step.
-    alone = simulate(make_trace([0.0], [1000], [1]), cluster={"long_prefill_token_threshold": 300})
+    # 10 + 1000 = 1010 ms. vLLM 0.11 (the default engine) caps it anyway: chunks of 300,
+    # 300, 300 and 100, 3 x 310 + 110 = 1040 ms. With a second request waiting, both are
+    # capped under either: A's 300-token chunk and B's 300 share the first step.
+    waived = {"long_prefill_token_threshold": 300, "engine": "vllm-0.33", "async_scheduling": False}
+    alone = simulate(make_trace([0.0], [1000], [1]), cluster=waived)
     assert alone.requests.ttft_s.iloc[0] == pytest.approx(1.010)
-    pair = simulate(
-        make_trace([0.0, 0.0], [1000, 1000], [1, 1]), cluster={"long_prefill_token_threshold": 300}
-    )
+    capped = simulate(make_trace([0.0], [1000], [1]), cluster={"long_prefill_token_threshold": 300})
+    assert capped.requests.ttft_s.iloc[0] == pytest.approx(1.040)
+    pair = simulate(make_trace([0.0, 0.0], [1000, 1000], [1, 1]), cluster=waived)
     # 3 steps of 600 tokens (300 each) = 3 x 0.610, then the last 100 + 100: 0.210
     assert pair.requests.ttft_s.iloc[0] == pytest.approx(3 * 0.610 + 0.210)
 

@@ -149,7 +149,8 @@ def _cache_after_refilling_an_evicted_block(fast_forward: bool):
     and later fills as 55 again, block 3 evicts 54. Stepping, 55 is gone when it is
     refilled, so it comes back as a fresh entry keyed 55. Fast-forwarded, those decode
     steps are one run whose evictions are deferred, and the refill must apply them first
-    or it would find 55 still cached and make a duplicate copy."""
+    or it would find 55 still cached and make a duplicate copy. (vLLM 0.33's free-queue
+    order, content-free blocks first.)"""
     trace = make_trace(
         [0.0, 10.0, 100.0],
         [112, 16, 67],
@@ -157,7 +158,10 @@ def _cache_after_refilling_an_evicted_block(fast_forward: bool):
         [[50, 51, 52, 53, 54, 55, 56], [100], [100, 98, 55, 77]],
         parent_id=[-1, -1, 1],
     )
-    config = make_config(cluster={"num_gpu_blocks": 8}, simulation={"fast_forward": fast_forward})
+    config = make_config(
+        cluster={"num_gpu_blocks": 8, "free_queue_order": "content_free_first"},
+        simulation={"fast_forward": fast_forward},
+    )
     simulation = Simulation(config, trace)
     summary = simulation.run(stop_at_s=50.0).summary
     cache = simulation.instances[0].cache

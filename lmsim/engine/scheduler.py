@@ -80,6 +80,7 @@ class InstanceScheduler:
         max_run_steps: int = 64,
         admission: str = "first_chunk",
         watermark_blocks: int = 0,
+        waive_long_prefill_when_alone: bool = False,
     ) -> None:
         self.cache = cache
         self.cost_model = cost_model
@@ -97,6 +98,7 @@ class InstanceScheduler:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_RULES)}, got {admission!r}")
         self.admission = admission
         self.watermark_blocks = watermark_blocks if admission == "whole_prompt_watermark" else 0
+        self.waive_long_prefill_when_alone = waive_long_prefill_when_alone
         self._cap = 0  # long_prefill_token_threshold in force for the step being planned
         # Most runs are cut short by an arrival after a dozen steps; pricing hundreds of steps
         # that are thrown away costs more than one extra event for the rare long run. So a
@@ -246,10 +248,11 @@ class InstanceScheduler:
         return plan
 
     def _long_prefill_cap(self) -> int:
-        """`long_prefill_token_threshold`, unless one request is alone in the engine: vLLM
-        0.33 `Scheduler.schedule` drops the cap when running + waiting <= 1, since there is
-        nobody to starve (vLLM 0.11 always applied it)."""
-        if len(self.running) + len(self.waiting) > 1:
+        """`long_prefill_token_threshold`, unless one request is alone in the engine and
+        `waive_long_prefill_when_alone`: vLLM 0.33 `Scheduler.schedule` drops the cap when
+        running + waiting <= 1, since there is nobody to starve (vLLM 0.11 always applied
+        it)."""
+        if not self.waive_long_prefill_when_alone or len(self.running) + len(self.waiting) > 1:
             return self.long_prefill_token_threshold
         return 0
 

@@ -121,7 +121,10 @@ class Simulation:
             on_step_end = self._on_prefill_step_end if pool.role == "prefill" else self._on_step_end
             on_rejected = self._on_prefill_rejected if pool.role == "prefill" else self._on_engine_rejected
             for i in pool.instance_ids:
-                cache = PrefixCache(num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
+                cache = PrefixCache(
+                    num_blocks, cfg.block_size, i, self.index, self.kv_listeners,
+                    free_queue_order=engine["free_queue_order"],
+                )
                 scheduler = InstanceScheduler(
                     cache,
                     cost_model,
@@ -132,6 +135,7 @@ class Simulation:
                     fast_forward=config.simulation.fast_forward,
                     admission=engine["admission"],
                     watermark_blocks=watermark,
+                    waive_long_prefill_when_alone=engine["waive_long_prefill_when_alone"],
                 )
                 self.instances.append(
                     Instance(self.env, i, scheduler, on_step_end, on_rejected, pool)
