@@ -102,8 +102,8 @@ def _admission_trace():
 
 
 def test_admission_rules_differ_on_what_must_fit():
-    cluster = {"num_gpu_blocks": 20, "max_num_batched_tokens": 64}
-    first = simulate(_admission_trace(), cluster=cluster)
+    cluster = {"num_gpu_blocks": 20, "max_num_batched_tokens": 64, "engine": "vllm-0.11"}
+    first = simulate(_admission_trace(), cluster={**cluster, "admission": "first_chunk"})
     full = simulate(_admission_trace(), cluster={**cluster, "admission": "full_sequence"})
     water = simulate(
         _admission_trace(),
@@ -172,8 +172,9 @@ def test_fast_forward_equals_stepping_when_a_decode_caches_the_waiting_heads_nex
     trace = make_trace(
         [0.0, 0.5], [32, 148], [100, 2], [[1000, 1001], list(range(1000, 1010))], parent_id=[-1, 0]
     )
-    on = run_cli(tmp_path, trace, "on", cluster={"num_gpu_blocks": 10})
-    off = run_cli(tmp_path, trace, "off", cluster={"num_gpu_blocks": 10}, simulation={"fast_forward": False})
+    cluster = {"num_gpu_blocks": 10, "engine": "vllm-0.11"}  # first-chunk admission, one step at a time
+    on = run_cli(tmp_path, trace, "on", cluster=cluster)
+    off = run_cli(tmp_path, trace, "off", cluster=cluster, simulation={"fast_forward": False})
     pd.testing.assert_frame_equal(on, off, check_exact=True)
     assert on.first_scheduled_at.iloc[1] == pytest.approx(0.5167)
     assert on.cached_tokens.iloc[1] == 80 and on.num_preemptions.iloc[1] == 1

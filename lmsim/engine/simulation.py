@@ -138,7 +138,11 @@ class Simulation:
                     waive_long_prefill_when_alone=engine["waive_long_prefill_when_alone"],
                 )
                 self.instances.append(
-                    Instance(self.env, i, scheduler, on_step_end, on_rejected, pool)
+                    Instance(
+                        self.env, i, scheduler, on_step_end, on_rejected, pool,
+                        async_scheduling=engine["async_scheduling"],
+                        host_time=cost_model.host_time if engine["async_scheduling"] else None,
+                    )
                 )
         first = self.instances[0].scheduler
         self.cost_model = first.cost_model
@@ -501,6 +505,7 @@ class Simulation:
             check_end(self)
         for instance in self.instances:
             instance.materialize()
+            instance.record_ended_steps()
             s = instance.scheduler
             for request in [*s.running, *s.waiting, *s.loading]:
                 request.num_output_done = instance.scheduler.outputs_of(request)
