@@ -145,9 +145,11 @@ ENGINE_PRESETS: dict[str, EngineSettings] = {
 # lmsim's peers model that engine too (Dynamo's mocker, which lmsim matches within 0.1% mean
 # TTFT on Kimi traffic, and Vidur schedule one step at a time), and the shipped profiles'
 # per-step host cost was fitted on synchronous runs. The choice moves results: on 4
-# H20/Qwen3-30B-A3B instances of chatbot traffic at 12 req/s (3 seeds) `vllm-0.33` raises
-# mean TTFT and lowers mean TPOT (README, "Engine release", gives the measured figures), so
-# users of today's vLLM set `engine: vllm-0.33`.
+# H20/Qwen3-30B-A3B instances of chatbot traffic at 12 req/s (4,000 requests, 3 seeds)
+# `vllm-0.33` raises mean TTFT by 13 / 37 / 15 % (vllm / lmetric / dynamo) and lowers mean
+# TPOT by 5 / 6 / 5 %, almost all of it from asynchronous scheduling; lmetric's and dynamo's
+# p99 TTFT go from 1,338 < 1,388 ms to a tie, 1,453 vs 1,450 ms (README, "Engine release").
+# Users of today's vLLM set `engine: vllm-0.33`.
 DEFAULT_ENGINE: EngineRelease = "vllm-0.11"
 
 
