@@ -501,11 +501,15 @@ class Instance:
         inflight.popleft()
         self.num_steps += plan.num_steps
         self.num_events += 1
-        if self.async_scheduling:  # the GPU's share: the host part overlapped the step before
-            host = oldest.host
-            self.busy_time_s += sum(d - host if d > host else 0.0 for d in plan.durations)
-        else:
+        if not self.async_scheduling:
             self.busy_time_s += now - oldest.starts[0]
+            self.next_boundary = INF
+            self._on_step_end(self, plan, outcome, now)
+            self._start_step()
+            return
+        # the GPU's share: the host part overlapped the step before
+        host = oldest.host
+        self.busy_time_s += sum(d - host if d > host else 0.0 for d in plan.durations)
         if inflight:
             self._set_next_boundary()
         else:
