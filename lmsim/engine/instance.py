@@ -34,7 +34,9 @@ N+2. So:
   engine was idle.
 
 Fast-forward stays exact: a run's steps are planned at their own due times (step M at
-the end of M-2), so an arrival truncates the run after the steps planned by then.
+the end of M-2), so an arrival truncates the run after the steps planned by then. A KV
+connector's landed load or released hold (`external_ready`, `release_held`) is seen, as an
+arrival is, by the first step planned after it.
 """
 
 from __future__ import annotations
