@@ -258,9 +258,10 @@ class Instance:
             return 0.0, {}
         newest = self._inflight[-1]
         plan = newest.plan
-        j = min(max(bisect_right(newest.starts, now, 0, plan.num_steps) - 1, 0), plan.num_steps - 1)
+        times = newest.starts  # synchronous: step j ends when step j+1 starts, at times[j + 1]
+        j = min(max(bisect_right(times, now, 0, plan.num_steps) - 1, 0), plan.num_steps - 1)
         chunks = {r.request_id: q for r, q in plan.chunks} if j == 0 else {}
-        return max(0.0, newest.end(j) - now), chunks
+        return max(0.0, times[j + 1] - now), chunks
 
     # -- KV events -----------------------------------------------------------------------
 
