@@ -108,11 +108,64 @@ class WorkloadConfig(_Strict):
         return self
 
 
+AdmissionRule = Literal["first_chunk", "full_sequence", "whole_prompt_watermark"]
+FreeQueueOrder = Literal["release", "content_free_first"]
+EngineRelease = Literal["vllm-0.11", "vllm-0.33"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """What an engine release does, as `cluster.engine` names it; each field can be set on
+    its own in `cluster:` or a pool (see `ClusterConfig.pool_specs`)."""
+
+    admission: AdmissionRule
+    async_scheduling: bool
+    free_queue_order: FreeQueueOrder
+    waive_long_prefill_when_alone: bool
+
+
+ENGINE_SETTING_FIELDS = tuple(f.name for f in dataclasses.fields(EngineSettings))
+
+ENGINE_PRESETS: dict[str, EngineSettings] = {
+    # vLLM 0.11 (late 2025, the study's era): a waiting request is admitted when its first
+    # chunk's blocks fit (`KVCacheManager.allocate_slots`); steps are scheduled one at a
+    # time (async scheduling was opt-in); freed blocks are appended to the free queue in
+    # release order whatever they hold (`BlockPool.free_blocks`: `free_block_queue.append_n`);
+    # `long_prefill_token_threshold` caps every chunk.
+    "vllm-0.11": EngineSettings("first_chunk", False, "release", False),
+    # vLLM 0.33: the whole sequence's blocks must fit at admission (`scheduler_reserve_full_isl`);
+    # async scheduling is on unless something is incompatible (`VllmConfig.__post_init__`: the
+    # `async_scheduling is None` branch; then `max_concurrent_batches = 2`); content-free
+    # blocks go to the front of the free queue and cache entries to the back
+    # (`BlockPool.free_blocks`); a request alone in the engine is not capped by
+    # `long_prefill_token_threshold` (`Scheduler.schedule`).
+    "vllm-0.33": EngineSettings("full_sequence", True, "content_free_first", True),
+}
+# The default is the engine the study (the seed paper) measured: 2025's synchronous vLLM v1.
+# lmsim's peers model that engine too (Dynamo's mocker, which lmsim matches within 0.1% mean
+# TTFT on Kimi traffic, and Vidur schedule one step at a time), and the shipped profiles'
+# per-step host cost was fitted on synchronous runs. The choice moves results: on 4
+# H20/Qwen3-30B-A3B instances of chatbot traffic at 12 req/s (4,000 requests, 3 seeds)
+# `vllm-0.33` raises mean TTFT by 13 / 37 / 15 % (vllm / lmetric / dynamo) and lowers mean
+# TPOT by 5 / 6 / 5 %, almost all of it from asynchronous scheduling; lmetric's and dynamo's
+# p99 TTFT go from 1,338 < 1,388 ms to a tie, 1,453 vs 1,450 ms (README, "Engine release").
+# Users of today's vLLM set `engine: vllm-0.33`.
+DEFAULT_ENGINE: EngineRelease = "vllm-0.11"
+
+
+def resolve_engine(engine: str | None, explicit: dict[str, Any]) -> EngineSettings:
+    """The preset `engine` names (None: `DEFAULT_ENGINE`) with every non-None value of
+    `explicit` (setting name -> value) taking precedence."""
+    preset = ENGINE_PRESETS[engine or DEFAULT_ENGINE]
+    return dataclasses.replace(preset, **{k: v for k, v in explicit.items() if v is not None})
+
+
 POOL_ENGINE_FIELDS = (
     "profile", "gpu_memory_utilization", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
-    "long_prefill_token_threshold", "enable_prefix_caching", "admission", "watermark_blocks_fraction",
-    "max_waiting", "max_model_len",
-)  # the cluster's engine fields a pool may set for itself (unset: the cluster's value)
+    "long_prefill_token_threshold", "enable_prefix_caching", "watermark_blocks_fraction",
+    "max_waiting", "max_model_len", "engine", *ENGINE_SETTING_FIELDS,
+)  # the cluster's engine fields a pool may set for itself (unset: the cluster's value);
+# in a PoolSpec, `engine` is the release named and the settings are resolved (never None)
 
 
 class TierConfig(_Strict):
@@ -211,7 +264,11 @@ class PoolConfig(_Strict):
     max_num_seqs: int | None = Field(None, gt=0)
     long_prefill_token_threshold: int | None = Field(None, ge=0)
     enable_prefix_caching: bool | None = None
-    admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] | None = None
+    engine: EngineRelease | None = None
+    admission: AdmissionRule | None = None
+    async_scheduling: bool | None = None
+    free_queue_order: FreeQueueOrder | None = None
+    waive_long_prefill_when_alone: bool | None = None
     watermark_blocks_fraction: float | None = Field(None, ge=0, lt=1)
     max_waiting: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=1)
@@ -244,11 +301,30 @@ class ClusterConfig(_Strict):
         "cached, for side-by-side checks with simulators that share no generated block "
         "(Dynamo's mocker)",
     )
-    admission: Literal["first_chunk", "full_sequence", "whole_prompt_watermark"] = Field(
-        "first_chunk",
+    engine: EngineRelease | None = Field(
+        None,
+        description=f"the vLLM release whose scheduler the instances run (default {DEFAULT_ENGINE}): "
+        "sets admission, async_scheduling, free_queue_order and waive_long_prefill_when_alone; "
+        "any of those set here wins over the preset",
+    )
+    admission: AdmissionRule | None = Field(
+        None,
         description="when a waiting request may start: its first chunk fits (vLLM v1 to "
         "early 2026), its whole sequence fits (vLLM 0.33), or its whole prompt fits beside "
-        "a free-block watermark (vLLM v0, Sarathi, Vidur)",
+        "a free-block watermark (vLLM v0, Sarathi, Vidur); default: the engine's",
+    )
+    async_scheduling: bool | None = Field(
+        None, description="plan step N+1 while step N runs (vLLM AsyncScheduler); default: the engine's"
+    )
+    free_queue_order: FreeQueueOrder | None = Field(
+        None,
+        description="where freed blocks go in the free queue: all at the back in release order "
+        "(vLLM 0.11) or content-free ones at the front (vLLM 0.33); default: the engine's",
+    )
+    waive_long_prefill_when_alone: bool | None = Field(
+        None,
+        description="a request alone in the engine is not capped by long_prefill_token_threshold "
+        "(vLLM 0.33); default: the engine's",
     )
     watermark_blocks_fraction: float = Field(
         0.01, ge=0, lt=1, description="free-block watermark of whole_prompt_watermark admission"
@@ -321,17 +397,26 @@ class ClusterConfig(_Strict):
         """Every pool with each engine field resolved (the pool's own value, else the
         cluster's), in order; the instances of pool k follow those of pools 0..k-1."""
         if self.pools is None:
-            return [PoolSpec("default", "both", self.num_instances, 0,
-                             {f: getattr(self, f) for f in POOL_ENGINE_FIELDS}, self.kv_tiers)]
+            fields = {f: getattr(self, f) for f in POOL_ENGINE_FIELDS}
+            return [PoolSpec("default", "both", self.num_instances, 0, _resolved(fields), self.kv_tiers)]
         out, first = [], 0
         for pool in self.pools:
             fields = {
                 f: getattr(self, f) if getattr(pool, f) is None else getattr(pool, f) for f in POOL_ENGINE_FIELDS
             }
+            if pool.engine is not None:
+                # a pool naming its release takes that release's settings where it sets none
+                # itself, not the cluster's explicit ones
+                fields.update({f: getattr(pool, f) for f in ENGINE_SETTING_FIELDS})
             tiers = pool.kv_tiers if pool.kv_tiers is not None else self.kv_tiers
-            out.append(PoolSpec(pool.name, pool.role, pool.num_instances, first, fields, tiers))
+            out.append(PoolSpec(pool.name, pool.role, pool.num_instances, first, _resolved(fields), tiers))
             first += pool.num_instances
         return out
+
+    def engine_settings(self) -> EngineSettings:
+        """The cluster-level engine behaviour: the preset `engine` names, with every setting
+        written in this section taking precedence (pools may differ: `pool_specs`)."""
+        return resolve_engine(self.engine, {f: getattr(self, f) for f in ENGINE_SETTING_FIELDS})
 
     def describe(self) -> str:
         """One line: `16 instances` or `pools prefill 4 x h20/qwen3-30b-a3b (prefill), ...`."""
@@ -347,6 +432,12 @@ class ClusterConfig(_Strict):
     @property
     def total_instances(self) -> int:
         return self.num_instances if self.pools is None else sum(p.num_instances for p in self.pools)
+
+
+def _resolved(fields: dict[str, Any]) -> dict[str, Any]:
+    """Pool engine fields with the release's settings filled in where none is set."""
+    settings = resolve_engine(fields["engine"], {f: fields[f] for f in ENGINE_SETTING_FIELDS})
+    return {**fields, "engine": fields["engine"] or DEFAULT_ENGINE, **dataclasses.asdict(settings)}
 
 
 class RouterConfig(_Strict):

@@ -1,7 +1,9 @@
 """The block-by-block prefix cache and global index that `lmsim.engine.kv_cache` replaced
 (as of i13's KV semantics: duplicates are cache entries, content-free blocks are freed to the
 front): the slow, obvious reference its run-at-a-time implementation is proven equal to in
-tests/test_kv_equivalence.py. Kept as it was, apart from its name."""
+tests/test_kv_equivalence.py. Kept as it was, apart from its name and vLLM 0.11's free-queue
+order (`free_queue_order="release"`): every freed block queued at the back in release
+order, a content-free one as a fresh `AnonBlock` in the queue."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ from collections.abc import Callable, Sequence
 from lmsim.engine.kv_cache import ANON, leading_matches
 
 KVListener = Callable[[int, int, bool], None]
+
+
+class AnonBlock:
+    """A freed content-free block waiting in the free queue (release order only)."""
 
 
 class ReferenceGlobalIndex:
@@ -57,7 +63,9 @@ class ReferencePrefixCache:
         instance_id: int = 0,
         index: ReferenceGlobalIndex | None = None,
         listeners: list[KVListener] | None = None,
+        free_queue_order: str = "content_free_first",
     ) -> None:
+        self._release_order = free_queue_order == "release"
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         self.num_total_blocks = num_blocks
@@ -118,8 +126,11 @@ class ReferencePrefixCache:
         for key in self._free:
             if len(out) >= limit:
                 break
-            out.append(self.hash_of(key))
+            out.append(ANON if isinstance(key, AnonBlock) else self.hash_of(key))
         return out
+
+    def free_queue(self) -> list[int]:
+        return [ANON if isinstance(key, AnonBlock) else key for key in self._free]
 
     @property
     def num_plain_free(self) -> int:
@@ -165,6 +176,7 @@ class ReferencePrefixCache:
             return
         popitem = self._free.popitem
         evicted = [key for key, _ in (popitem(last=False) for _ in range(count - take))]
+        evicted = [key for key in evicted if not isinstance(key, AnonBlock)]
         self.num_evictions += len(evicted)
         index = self._index
         holders = index._holders if index is not None else None
@@ -233,9 +245,16 @@ class ReferencePrefixCache:
         `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back."""
         plain = extra_anonymous
         ref, free = self._ref, self._free
+        if self._release_order:
+            for _ in range(plain):
+                free[AnonBlock()] = None
+            plain = 0
         for key in reversed(keys):
             if key == ANON:
-                plain += 1
+                if self._release_order:
+                    free[AnonBlock()] = None
+                else:
+                    plain += 1
                 continue
             count = ref[key] - 1
             if count:

@@ -8,6 +8,7 @@ import numpy as np
 
 from conftest import make_config, make_trace, simulate
 from lmsim.engine.block_names import BlockNames, first_unnamed_key
+from lmsim.engine.kv_cache import ANON
 from lmsim.engine.simulation import Simulation
 
 
@@ -70,13 +71,21 @@ def test_a_finished_requests_output_blocks_age_in_the_lru_queue():
     # back of the queue: B's [8, 7], then A's [12, 11, 2, 1]. A's output blocks stay cached
     # behind B's younger entries; before they were content-free and went to the front,
     # reused before anything else (the queue was [8, 7, 2, 1] with 16 plain blocks).
+    # (vLLM 0.33's free-queue order; under 0.11's release order each request's partial
+    # tail block queues where it is freed, first of its release: [-1, 8, 7, -1, 12, 11, 2,
+    # 1], and 12 never-used blocks.)
     trace = make_trace([0.0, 0.1], [32, 32], [40, 2], [[1, 2], [7, 8]], session_id=[0, 1])
-    sim = Simulation(make_config(cluster={"num_gpu_blocks": 20}), trace)
+    sim = Simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "content_free_first"}), trace)
     result = sim.run()
     assert result.requests.finished_at.iloc[1] < result.requests.finished_at.iloc[0]
     cache = sim.instances[0].scheduler.cache
     assert cache.free_queue() == [8, 7, 12, 11, 2, 1]
     assert cache.num_plain_free == 14  # 20 - 6 entries: the two partial tails, never used
+    sim = Simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "release"}), trace)
+    sim.run()
+    cache = sim.instances[0].scheduler.cache
+    assert cache.free_queue() == [ANON, 8, 7, ANON, 12, 11, 2, 1]
+    assert cache.num_plain_free == 12
 
 
 def test_a_preempted_request_resumes_with_its_own_unnamed_output_cached():
@@ -101,7 +110,9 @@ def test_without_generated_block_caching_output_blocks_are_never_cache_entries()
     # cluster.cache_generated_blocks off: only prompt blocks are entries, so the queue
     # holds B's [8, 7] then A's [2, 1], and A's two output blocks join the 14 plain ones.
     trace = make_trace([0.0, 0.1], [32, 32], [40, 2], [[1, 2], [7, 8]], session_id=[0, 1])
-    config = make_config(cluster={"num_gpu_blocks": 20, "cache_generated_blocks": False})
+    config = make_config(
+        cluster={"num_gpu_blocks": 20, "cache_generated_blocks": False, "free_queue_order": "content_free_first"}
+    )
     sim = Simulation(config, trace)
     sim.run()
     cache = sim.instances[0].scheduler.cache

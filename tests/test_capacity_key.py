@@ -160,3 +160,22 @@ def test_sweep_searches_each_missing_capacity_once_and_says_so(
     rates = {json.loads((tmp_path / "out" / name / "summary.json").read_text())["load_rate_req_s"]
              for name in outcome.executed}  # fmt: skip
     assert len(rates) == 1  # both runs used the one searched capacity
+
+
+def test_key_holds_the_engines_resolved_settings() -> None:
+    """Naming the default release, or writing its settings, is the key of leaving them unset
+    (so capacities shipped before `cluster.engine` existed stay valid); vllm-0.33, or one
+    setting moved off the default, is another key. The synchronous defaults are not written
+    into the payload; `admission: first_chunk` is, as it always was."""
+    def with_cluster(**fields) -> dict:
+        raw = raw_experiment()
+        return {**raw, "cluster": {**raw["cluster"], **fields}}
+
+    base = key_of(raw_experiment())
+    assert key_of(with_cluster(engine="vllm-0.11")) == base
+    assert key_of(with_cluster(admission="first_chunk", async_scheduling=False, free_queue_order="release")) == base
+    assert key_of(with_cluster(engine="vllm-0.33")) != base
+    assert key_of(with_cluster(async_scheduling=True)) not in (base, key_of(with_cluster(engine="vllm-0.33")))
+    payload = key_payload({}, validate(raw_experiment(), where="test"), SEARCH)["cluster"]
+    assert payload["admission"] == "first_chunk"
+    assert not {"engine", "async_scheduling", "free_queue_order", "waive_long_prefill_when_alone"} & set(payload)

@@ -77,7 +77,7 @@ def test_chunked_prefill_takes_three_steps_while_others_keep_decoding():
     # of 8192, B gets 8191 tokens in each of two steps (A's decode takes 1) and the last
     # 3618 in a third: three steps to its first token, and A decodes in all three.
     trace = make_trace([0.0, 0.2], [100, 20_000], [50, 2])
-    r = simulate(trace, cluster={"num_gpu_blocks": 2000})
+    r = simulate(trace, cluster={"num_gpu_blocks": 2000, "engine": "vllm-0.11"})  # steps one at a time
     a, b = row(r, 0), row(r, 1)
     step_decode = 0.0101
     a_first = 0.110

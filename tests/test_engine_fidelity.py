@@ -81,13 +81,15 @@ def test_a_preempted_request_resumes_with_its_own_output_cached():
 def test_long_prefill_threshold_does_not_cap_a_request_alone():
     # vLLM 0.33 Scheduler.schedule waives long_prefill_token_threshold when running +
     # waiting <= 1. A 1,000-token prompt alone with threshold 300: one 1,000-token step,
-    # 10 + 1000 = 1010 ms. With a second request waiting, both are capped: A's 300-token
-    # chunk and B's 300 share the first step.
-    alone = simulate(make_trace([0.0], [1000], [1]), cluster={"long_prefill_token_threshold": 300})
+    # 10 + 1000 = 1010 ms. vLLM 0.11 (the default engine) caps it anyway: chunks of 300,
+    # 300, 300 and 100, 3 x 310 + 110 = 1040 ms. With a second request waiting, both are
+    # capped under either: A's 300-token chunk and B's 300 share the first step.
+    waived = {"long_prefill_token_threshold": 300, "engine": "vllm-0.33", "async_scheduling": False}
+    alone = simulate(make_trace([0.0], [1000], [1]), cluster=waived)
     assert alone.requests.ttft_s.iloc[0] == pytest.approx(1.010)
-    pair = simulate(
-        make_trace([0.0, 0.0], [1000, 1000], [1, 1]), cluster={"long_prefill_token_threshold": 300}
-    )
+    capped = simulate(make_trace([0.0], [1000], [1]), cluster={"long_prefill_token_threshold": 300})
+    assert capped.requests.ttft_s.iloc[0] == pytest.approx(1.040)
+    pair = simulate(make_trace([0.0, 0.0], [1000, 1000], [1, 1]), cluster=waived)
     # 3 steps of 600 tokens (300 each) = 3 x 0.610, then the last 100 + 100: 0.210
     assert pair.requests.ttft_s.iloc[0] == pytest.approx(3 * 0.610 + 0.210)
 
@@ -100,8 +102,8 @@ def _admission_trace():
 
 
 def test_admission_rules_differ_on_what_must_fit():
-    cluster = {"num_gpu_blocks": 20, "max_num_batched_tokens": 64}
-    first = simulate(_admission_trace(), cluster=cluster)
+    cluster = {"num_gpu_blocks": 20, "max_num_batched_tokens": 64, "engine": "vllm-0.11"}
+    first = simulate(_admission_trace(), cluster={**cluster, "admission": "first_chunk"})
     full = simulate(_admission_trace(), cluster={**cluster, "admission": "full_sequence"})
     water = simulate(
         _admission_trace(),
@@ -170,8 +172,9 @@ def test_fast_forward_equals_stepping_when_a_decode_caches_the_waiting_heads_nex
     trace = make_trace(
         [0.0, 0.5], [32, 148], [100, 2], [[1000, 1001], list(range(1000, 1010))], parent_id=[-1, 0]
     )
-    on = run_cli(tmp_path, trace, "on", cluster={"num_gpu_blocks": 10})
-    off = run_cli(tmp_path, trace, "off", cluster={"num_gpu_blocks": 10}, simulation={"fast_forward": False})
+    cluster = {"num_gpu_blocks": 10, "engine": "vllm-0.11"}  # first-chunk admission, one step at a time
+    on = run_cli(tmp_path, trace, "on", cluster=cluster)
+    off = run_cli(tmp_path, trace, "off", cluster=cluster, simulation={"fast_forward": False})
     pd.testing.assert_frame_equal(on, off, check_exact=True)
     assert on.first_scheduled_at.iloc[1] == pytest.approx(0.5167)
     assert on.cached_tokens.iloc[1] == 80 and on.num_preemptions.iloc[1] == 1

@@ -41,9 +41,9 @@ def _trace(name: str):
     return trace
 
 
-def _requests_bytes(trace, policy: str, fast_forward: bool) -> bytes:
+def _requests_bytes(trace, policy: str, fast_forward: bool, engine: str | None = None) -> bytes:
     config = make_config(
-        cluster={"num_instances": 4, "profile": "h20/qwen3-30b-a3b", "num_gpu_blocks": 6000},
+        cluster={"num_instances": 4, "profile": "h20/qwen3-30b-a3b", "num_gpu_blocks": 6000, "engine": engine},
         router={"policy": policy},
         simulation={"fast_forward": fast_forward, "check": False},
     )
@@ -62,12 +62,13 @@ def trace_for(name: str):
     return TRACES[name]
 
 
+@pytest.mark.parametrize("engine", ["vllm-0.11", "vllm-0.33"])
 @pytest.mark.parametrize("generator", sorted(GENERATORS))
 @pytest.mark.parametrize("policy", colocated_policy_names())
-def test_fast_forward_gives_identical_requests(generator: str, policy: str):
+def test_fast_forward_gives_identical_requests(generator: str, policy: str, engine: str):
     trace = trace_for(generator)
-    on = _requests_bytes(trace, policy, True)
-    off = _requests_bytes(trace, policy, False)
+    on = _requests_bytes(trace, policy, True, engine)
+    off = _requests_bytes(trace, policy, False, engine)
     assert on == off
 
 
@@ -93,25 +94,27 @@ def test_equivalence_check_catches_one_shifted_boundary(monkeypatch):
     state = {"mutated": False}
 
     def broken(self):
-        original(self)
-        plan = self._plan
-        if plan is not None and plan.num_steps > 2 and not state["mutated"]:
+        started = original(self)
+        newest = self._inflight[-1] if self._inflight else None
+        if newest is not None and newest.plan.num_steps > 2 and not state["mutated"]:
             state["mutated"] = True
+            plan = newest.plan
             plan.durations[1] += 1e-9
-            t = self._times[0]
+            t = newest.starts[0]
             times = [t]
             for d in plan.durations:
                 t = t + d
                 times.append(t)
-            self._times = times
+            newest.starts = newest.ends = times
             from lmsim.engine.clock import STEP_END, schedule_at
 
-            self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
+            newest.event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
+        return started
 
     trace = trace_for("chatbot")
-    good_on = _requests_bytes(trace, "vllm", True)
+    good_on = _requests_bytes(trace, "vllm", True, "vllm-0.11")
     monkeypatch.setattr(Instance, "_start_step", broken)
-    bad_on = _requests_bytes(trace, "vllm", True)
+    bad_on = _requests_bytes(trace, "vllm", True, "vllm-0.11")
     assert state["mutated"]
     assert bad_on != good_on
 
@@ -149,7 +152,8 @@ def _cache_after_refilling_an_evicted_block(fast_forward: bool):
     and later fills as 55 again, block 3 evicts 54. Stepping, 55 is gone when it is
     refilled, so it comes back as a fresh entry keyed 55. Fast-forwarded, those decode
     steps are one run whose evictions are deferred, and the refill must apply them first
-    or it would find 55 still cached and make a duplicate copy."""
+    or it would find 55 still cached and make a duplicate copy. (vLLM 0.33's free-queue
+    order, content-free blocks first.)"""
     trace = make_trace(
         [0.0, 10.0, 100.0],
         [112, 16, 67],
@@ -157,7 +161,10 @@ def _cache_after_refilling_an_evicted_block(fast_forward: bool):
         [[50, 51, 52, 53, 54, 55, 56], [100], [100, 98, 55, 77]],
         parent_id=[-1, -1, 1],
     )
-    config = make_config(cluster={"num_gpu_blocks": 8}, simulation={"fast_forward": fast_forward})
+    config = make_config(
+        cluster={"num_gpu_blocks": 8, "free_queue_order": "content_free_first"},
+        simulation={"fast_forward": fast_forward},
+    )
     simulation = Simulation(config, trace)
     summary = simulation.run(stop_at_s=50.0).summary
     cache = simulation.instances[0].cache
@@ -209,7 +216,7 @@ def _kv_event_log(fast_forward: bool) -> list[tuple[int, bool, float]]:
     at 0.042 + 16 x 0.0101 = 0.2036 s; block 4 in decode step 32, ending at 0.3652 s. Those
     decode steps are one fast-forwarded run applied when it ends (0.4359 s), which must not
     change their stamps."""
-    config = make_config(simulation={"fast_forward": fast_forward})
+    config = make_config(cluster={"engine": "vllm-0.11"}, simulation={"fast_forward": fast_forward})
     trace = make_trace([0.0, 10.0], [32, 80], [40, 1], [[1, 2], [1, 2, 3, 4, 5]], parent_id=[-1, 0])
     simulation = Simulation(config, trace)
     log: list[tuple[int, bool, float]] = []

@@ -3,7 +3,8 @@
 hits, chunked prefills that register as they go, duplicates computed twice, repeated hashes,
 decode blocks, finishes and preemptions mid-prefill, evictions in the middle of a cached
 prefix) must give the same answer to every call, the same evictions in the same order and
-the same pool state after every step."""
+the same pool state after every step, under both free-queue orders (vLLM 0.33's content-free
+blocks first, vLLM 0.11's release order)."""
 
 from __future__ import annotations
 
@@ -33,20 +34,24 @@ def chain(path: list[int], repeat_at: int | None) -> list[int]:
 class Pair:
     """The same operations on the new cache and the reference, compared call by call."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, order: str = "content_free_first") -> None:
         self.new_events: list[tuple[int, int, bool]] = []
         self.ref_events: list[tuple[int, int, bool]] = []
         self.new_index = GlobalPrefixIndex(NUM_INSTANCES)
         self.ref_index = ReferenceGlobalIndex(NUM_INSTANCES)
         self.new = [
-            PrefixCache(num_blocks, 16, i, self.new_index, [lambda *e: self.new_events.append(e)])
+            PrefixCache(
+                num_blocks, 16, i, self.new_index, [lambda *e: self.new_events.append(e)], free_queue_order=order
+            )
             for i in range(NUM_INSTANCES)
         ]
         # Instance 0 compacts its free queue whenever a touch leaves a stale occurrence in
         # it; instance 1 keeps them (the default slack), so both paths are compared.
         self.new[0]._compact_slack = -(10**9)
         self.ref = [
-            ReferencePrefixCache(num_blocks, 16, i, self.ref_index, [lambda *e: self.ref_events.append(e)])
+            ReferencePrefixCache(
+                num_blocks, 16, i, self.ref_index, [lambda *e: self.ref_events.append(e)], free_queue_order=order
+            )
             for i in range(NUM_INSTANCES)
         ]
 
@@ -75,7 +80,7 @@ class Pair:
             assert new.num_free_blocks == ref.num_free_blocks
             assert new.num_evictions == ref.num_evictions
             assert new.refcounts() == ref._ref
-            assert new.free_queue() == list(ref._free)
+            assert new.free_queue() == ref.free_queue()
             assert new.num_plain_free == ref._plain_free
             assert new.entries() == ref._copies
             assert new.free_entries(len(ref._free)) == ref.free_entries(len(ref._free))
@@ -110,10 +115,11 @@ op = st.tuples(
 )
 
 
+@pytest.mark.parametrize("order", ["content_free_first", "release"])
 @settings(max_examples=300, deadline=None)
 @given(st.integers(4, 24), st.lists(op, max_size=60))
-def test_run_cache_equals_block_by_block_reference(num_blocks, operations):
-    pair = Pair(num_blocks)
+def test_run_cache_equals_block_by_block_reference(order, num_blocks, operations):
+    pair = Pair(num_blocks, order)
     held: list[Held] = []
     probes: list[list[int]] = []
     for kind, inst, path, size, pick, repeat_at in operations:
@@ -168,12 +174,13 @@ def test_run_cache_equals_block_by_block_reference(num_blocks, operations):
     pair.assert_same_state(probes)
 
 
+@pytest.mark.parametrize("order", ["content_free_first", "release"])
 @pytest.mark.parametrize("inst", range(NUM_INSTANCES))
-def test_run_paths_that_random_sequences_rarely_reach(inst):
+def test_run_paths_that_random_sequences_rarely_reach(inst, order):
     """Hand-built sequences for the rare paths, on both instances (compacting and not): many
     stale occurrences evicted at once, a request whose shared blocks are not its leading
     ones, a key held twice by one request, and a repeated hash hit on a free block."""
-    pair = Pair(12)
+    pair = Pair(12, order)
     step = 0
 
     def do(name, *args):
@@ -225,3 +232,23 @@ def test_run_paths_that_random_sequences_rarely_reach(inst):
     do("allocate", 1)
     do("allocate", pair.ref[inst].num_free_blocks)
     assert step == 42
+
+
+def test_release_order_queues_content_free_blocks_where_they_are_freed():
+    """vLLM 0.11's free queue: every freed block at the back, tail first. A request holding
+    [1, 2, unnamed, 3] plus 2 unnamed decode blocks frees them as: 2 decode blocks, 3, the
+    unnamed one, 2, 1; allocating 4 blocks after the 8 never-used ones evicts nothing for
+    the 2 content-free blocks and then 3, and the next allocation reuses the unnamed block
+    before evicting 2. With vLLM 0.33's order the content-free blocks are reused first."""
+    for order, queue in (("release", [ANON, ANON, 3, ANON, 2, 1]), ("content_free_first", [3, 2, 1])):
+        pair = Pair(12, order)
+        keys = pair.call(0, "allocate", 4)
+        pair.call(0, "register_range", [1, 2, 7, 3], keys, 0, 2)
+        pair.call(0, "register_range", [1, 2, 7, 3], keys, 3, 4)
+        pair.call(0, "allocate_anonymous_run", 2)
+        pair.call(0, "release", keys, 2)
+        pair.assert_same_state([[1, 2, 3]])
+        assert pair.new[0].free_queue() == queue
+        pair.call(0, "allocate", pair.ref[0].num_plain_free + 3)
+        pair.assert_same_state([[1, 2, 3]])
+        assert pair.new[0].num_evictions == (1 if order == "release" else 3)

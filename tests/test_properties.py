@@ -9,7 +9,8 @@ For every generated scenario, with every invariant checked after every step
   and every request fits in the KV pool on its own); a quarter of the scenarios add a queue
   cap or a short drain limit, and then every request is accounted for as finished,
   rejected, unfinished or (a closed-loop successor that was never released) not arrived;
-* fast-forward on and off give identical requests tables, under every router view: the
+* fast-forward on and off give identical requests tables, under both engine presets
+  (synchronous or asynchronous scheduling, both free-queue orders) and every router view: the
   router may read the instances through an approximate prefix index, through KV events
   published with a delay, or through load scraped periodically, and a periodic scrape or a
   delayed event must see the same state whether the decode steps before it were stepped
@@ -43,11 +44,13 @@ POLICY_NAMES = colocated_policy_names()
 BS = 16  # engine and trace block size
 TINY_TABLES = str(Path(__file__).resolve().parent / "fixtures" / "profiles" / "tiny")
 # Step pricing: the hand-checkable linear profile, the same with a per-context-token cost
-# (decode runs then get longer step by step, which fast-forward must reproduce bit for bit),
-# and a small table profile (the interpolating predictor real runs use).
+# (decode runs then get longer step by step, which fast-forward must reproduce bit for bit)
+# or with 4 ms of host work per step (overlapped under asynchronous scheduling), and a small
+# table profile (the interpolating predictor real runs use).
 PROFILES = {
     "linear": dict(LINEAR),
     "linear_context": {**LINEAR, "per_context_token_s": 1e-6},
+    "linear_host": {**LINEAR, "host_step_s": 0.004},
     "tiny_tables": TINY_TABLES,
 }
 # What the router knows (`router.view`): exact, the router's own approximate index, KV events
@@ -120,6 +123,8 @@ class Scenario:
     # a disaggregated cluster instead: {"prefill": n, "decode": m, "params": {...},
     # "transfer": {...}} (num_instances unused)
     disagg: dict | None = None
+    engine: str | None = None  # cluster.engine (None: the default preset)
+    async_scheduling: bool | None = None  # None: the engine's
 
     @property
     def must_finish_all(self) -> bool:
@@ -183,9 +188,13 @@ class Scenario:
                 "admission": self.admission,
                 "watermark_blocks_fraction": self.watermark_blocks_fraction,
                 **cluster,
+                "engine": self.engine,
+                "async_scheduling": self.async_scheduling,
             },
             router={"policy": self.policy, "view": self.view, "params": params},
-            simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s},
+            # samples every 20 ms: inside decode runs, so they check materialize() too
+            simulation={"check": True, "fast_forward": fast_forward, "drain_limit_s": self.drain_limit_s,
+                        "sample_interval_s": 0.02},
         )
 
     def run(self, fast_forward: bool = True):
@@ -210,6 +219,8 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
         profile=draw(st.sampled_from(sorted(PROFILES))),
         admission=draw(st.sampled_from(["first_chunk", "first_chunk", "full_sequence", "whole_prompt_watermark"])),
         view=draw(st.sampled_from(VIEWS)),
+        engine=draw(st.sampled_from([None, "vllm-0.11", "vllm-0.33"])),
+        async_scheduling=draw(st.sampled_from([None, None, True, False])),
     )
     if sc.admission == "whole_prompt_watermark":
         # 0.01 leaves no watermark on these small pools; larger ones make a preempted
@@ -264,7 +275,8 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
 
 
 def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
-    on = sc.run(fast_forward=True)
+    simulation = Simulation(sc.config(True), sc.trace())
+    on = simulation.run()
     n = len(sc.rows)
     status = list(on.requests.status.astype(str))
     counts = {k: status.count(k) for k in ("finished", "unfinished", "rejected", "not_arrived")}
@@ -305,6 +317,18 @@ def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
         event(f"resumed request dropped beside the watermark: {ignored > 0}")
     off = sc.run(fast_forward=False)
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
+    pd.testing.assert_frame_equal(on.instances, off.instances, check_exact=True)
+    itl = {k: v for k, v in on.summary.items() if k.startswith("itl_s_")}
+    assert itl == {k: v for k, v in off.summary.items() if k.startswith("itl_s_")}
+    if counts["finished"] == n:
+        # Every gap between consecutive tokens recorded once, starved, preempted or not:
+        # the gaps add up to each request's span from first to last token.
+        done = on.requests
+        tokens = int((done.output_tokens - 1).sum())
+        span = float((done.finished_at - done.first_token_at).sum())
+        gaps = sum(np.frombuffer(i.itl_gaps) @ np.frombuffer(i.itl_counts, dtype=np.uint32) for i in simulation.instances)
+        assert sum(sum(i.itl_counts) for i in simulation.instances) == tokens
+        assert gaps == pytest.approx(span, rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -408,7 +432,7 @@ def test_found_by_hypothesis_a_busy_engine_can_prefill_faster_than_an_idle_one_o
     # checked only on the additive linear profile.
     from lmsim.engine.invariants import idle_prefill_time
 
-    sc = Scenario("aibrix", 1, 4, 16, 2, 0, False, [1], profile="tiny_tables")
+    sc = Scenario("aibrix", 1, 4, 16, 2, 0, False, [1], profile="tiny_tables", engine="vllm-0.11")
     sc.rows = [Row(0, 1, 4, 0, False), Row(40, 17, 1, 0, False)]
     check_scenario(sc, in_hypothesis=False)
     r = sc.run()

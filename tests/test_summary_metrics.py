@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from lmsim.engine.metrics import FINISHED, REJECTED, UNFINISHED
-from lmsim.engine.results import summarize, weighted_percentile
+from lmsim.engine.results import pooled_percentile, summarize
 
 
 def _requests() -> tuple[pd.DataFrame, np.ndarray]:
@@ -47,21 +47,28 @@ def test_throughput_goodput_and_slo_attainment() -> None:
 
 
 def test_itl_is_pooled_over_tokens() -> None:
+    """The engine's record of gaps: 10 of 0.1 s (r0) and 2 of 0.5 s (r1), given as three
+    entries (0.1 twice, split 4 + 6). Mean (1.0 + 1.0) / 12 (per-request TPOT mean is 0.3);
+    percentiles of the 12 pooled gaps, linearly interpolated as np.percentile does: p50 at
+    rank 5.5 (0.1), p90 at 9.9 (0.1 + 0.9 x 0.4 = 0.46), p99 at 10.89 (0.5)."""
     requests, status = _requests()
-    s = summarize(requests, status, num_instances=3)
-    # 10 gaps of 0.1 s and 2 of 0.5 s: mean (1.0 + 1.0) / 12; per-request TPOT mean is 0.3.
+    itl = (np.array([0.1, 0.5, 0.1]), np.array([4, 2, 6], dtype=np.uint32))
+    s = summarize(requests, status, num_instances=3, itl=itl)
     assert s["itl_s_mean"] == pytest.approx(2.0 / 12)
     assert s["tpot_s_mean"] == pytest.approx(0.3)
-    assert s["itl_s_p50"] == 0.1 and s["itl_s_p90"] == 0.5 and s["itl_s_p99"] == 0.5  # 10/12 = 83% are 0.1
+    assert s["itl_s_p50"] == 0.1 and s["itl_s_p99"] == 0.5
+    assert s["itl_s_p90"] == pytest.approx(0.46)
+    assert summarize(requests, status, num_instances=3)["itl_s_p50"] is None  # no record, no ITL
 
 
-def test_weighted_percentile_matches_the_repeated_population() -> None:
+def test_pooled_percentile_matches_the_repeated_population() -> None:
     rng = np.random.default_rng(1)
-    values = rng.random(20)
-    weights = rng.integers(1, 5, 20)
-    pooled = np.repeat(values, weights)
-    for q in (1, 50, 90, 99, 100):
-        assert weighted_percentile(values, weights.astype(float), q) == np.percentile(pooled, q, method="inverted_cdf")
+    values = np.sort(rng.random(20))
+    values[5] = values[6]  # equal neighbours
+    counts = rng.integers(1, 5, 20)
+    pooled = np.repeat(values, counts)
+    for q in (0, 1, 37.5, 50, 90, 99, 100):
+        assert pooled_percentile(values, counts, q) == pytest.approx(np.percentile(pooled, q), rel=1e-15, abs=0)
 
 
 def test_load_balance_counts_idle_instances() -> None:

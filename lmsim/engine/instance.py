@@ -13,13 +13,40 @@ scheduled, but vLLM publishes them only when that step's output is processed
 (`Scheduler.update_from_output` takes the KV cache manager's events and hands them to the
 publisher), so each event is stamped with the end of the step that produced it, whether the
 step was planned on its own or applied lazily inside a run (`KVEventSink`).
+
+Asynchronous scheduling (vLLM's default from 0.33: `AsyncScheduler`, and
+`EngineCore.step_with_batch_queue` with a batch queue of 2, `max_concurrent_batches = 2`
+when `async_scheduling` is on). The engine loop schedules step N+1 as soon as step N is
+submitted, then blocks on N's output, processes it (`update_from_output`) and schedules
+N+2. So:
+
+* step M is planned when step M-2 ends (when the engine is idle, steps N and N+1 are planned
+  back to back), and its plan sees the state before M-1 commits: a request arriving while
+  step M-1 runs is first scheduled in step M+1; a request whose last token step M-1
+  computes is not scheduled in M (vLLM skips a request whose placeholders already reach
+  its max_tokens) but still holds its blocks and its seat while M is planned;
+* the host (CPU) part of a step, `host_time(num_seqs, num_tokens)` of the cost model,
+  overlaps the GPU part of the step before: the host works on one plan at a time, from
+  `max(plan due, host free)`, and the GPU starts step M at `max(end of M-1, its host work
+  done)`, so M ends at that + (step_time - host_time). An idle engine pays both parts;
+* a step's KV events are published when the step in flight at its planning ends (the
+  `update_from_output` after the `schedule()` that produced them), or its own end when the
+  engine was idle.
+
+Fast-forward stays exact: a run's steps are planned at their own due times (step M at
+the end of M-2), so an arrival truncates the run after the steps planned by then. A KV
+connector's landed load or released hold (`external_ready`, `release_held`) is seen, as an
+arrival is, by the first step planned after it.
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import sub
 
 import simpy
 
@@ -32,6 +59,7 @@ INF = float("inf")
 StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
 RejectListener = Callable[[Request], None]
 KVEventSink = Callable[[int, int, bool, float], None]  # (instance_id, hash, stored, published at)
+HostTime = Callable[[int, int], float]  # (sequences, tokens) -> host seconds of a step
 
 
 def materialize_all(instances: list[Instance], now: float) -> None:
@@ -40,6 +68,50 @@ def materialize_all(instances: list[Instance], now: float) -> None:
     for instance in instances:
         if now >= instance.next_boundary:
             instance.materialize()
+
+
+class _Planned:
+    """A plan in flight and its timing: when each step is planned and when it ends, when
+    its KV events are published, and the event that commits it at its end."""
+
+    __slots__ = (
+        "end_offset",
+        "ends",
+        "event",
+        "host",
+        "host_free",
+        "long_gaps",
+        "plan",
+        "prev_end",
+        "published",
+        "starts",
+    )
+
+    def __init__(self, plan: StepPlan, starts: list[float], ends: list[float], end_offset: int,
+                 published: list[float] | None, host_free: list[float], prev_end: float) -> None:
+        self.plan = plan
+        self.prev_end = prev_end  # when the step before its first one ended
+        self.long_gaps: list[float] = []  # gaps ended by its first step that span more than it
+        self.starts = starts  # starts[j]: when step j is planned
+        self.ends = ends  # ends[end_offset + j]: when step j ends
+        self.end_offset = end_offset
+        # published[j]: when step j's KV events are published (None: at its end)
+        self.published = published
+        # when step j's host work is done (asynchronous scheduling); past the list the host
+        # is never the bottleneck, and step j's host work runs from its planning for `host`
+        self.host_free = host_free
+        self.host = 0.0
+        self.event: simpy.Event | None = None
+
+    def end(self, j: int) -> float:
+        return self.ends[self.end_offset + j]
+
+    def published_at(self, j: int) -> float:
+        return self.ends[self.end_offset + j] if self.published is None else self.published[j]
+
+    @property
+    def last_end(self) -> float:
+        return self.ends[self.end_offset + self.plan.num_steps - 1]
 
 
 class Instance:
@@ -51,6 +123,9 @@ class Instance:
         on_step_end: StepListener,
         on_rejected: RejectListener,
         pool: PoolSpec | None = None,
+        *,
+        async_scheduling: bool = False,
+        host_time: HostTime | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -58,9 +133,14 @@ class Instance:
         self.scheduler = scheduler
         self._on_step_end = on_step_end
         self._on_rejected = on_rejected
-        self._plan: StepPlan | None = None
-        self._times: list[float] = []  # boundaries of the planned run: start, end of each step
-        self._end_event: simpy.Event | None = None
+        self.async_scheduling = async_scheduling
+        if async_scheduling and host_time is None:
+            raise ValueError("asynchronous scheduling needs the cost model's host_time")
+        self._host_time = host_time
+        self._depth = 2 if async_scheduling else 1  # steps planned and not ended, at most
+        self._inflight: deque[_Planned] = deque()  # oldest first; the last is the newest
+        self._due_event: simpy.Event | None = None
+        self._host_free = -INF
         self._wake_pending = False
         # Time of the next step boundary inside a fast-forwarded run that materialize() has
         # not applied yet; infinity when there is nothing to apply.
@@ -69,11 +149,15 @@ class Instance:
         self.num_events = 0
         self.busy_time_s = 0.0
         # Where this instance's KV events go once stamped (None: nobody listens), and the
-        # events of the step being planned, whose end is not known yet.
+        # events of the step being planned, whose timing is not known yet.
         self.kv_sink: KVEventSink | None = None
-        self._planning = False
         self._receiving = False  # a connector's load is becoming cache entries
         self._kv_unstamped: list[tuple[int, bool]] = []
+        # Every gap between consecutive output tokens of a request, as (gap, how many
+        # requests had it): a step's decodes each wait one step (end to end); a decode
+        # starved or preempted in between waits from its last token to its next.
+        self.itl_gaps = array("d")
+        self.itl_counts = array("I")
 
     @property
     def cache(self):
@@ -81,7 +165,7 @@ class Instance:
 
     @property
     def is_busy(self) -> bool:
-        return self._plan is not None
+        return bool(self._inflight)
 
     # -- the router's side ---------------------------------------------------------------
 
@@ -108,38 +192,73 @@ class Instance:
 
     def _reconsider(self) -> None:
         """The waiting queue or the free pool changed: plan at the next step boundary, as
-        one-by-one stepping would (an idle instance wakes now; a run in flight ends after
-        the step in progress)."""
-        if self._plan is None:
+        one-by-one stepping would (an idle instance wakes now; a run in flight keeps the
+        steps planned by now and drops the rest)."""
+        if not self._inflight:
             if not self._wake_pending:
                 self._wake_pending = True
                 schedule_at(self.env, self.env.now, WAKE, self._wake)
-        elif self._plan.num_steps > 1:
-            self._truncate_after_current_step()
+        elif self._inflight[-1].plan.num_steps > 1:
+            self._truncate_after_planned_steps()
 
     def materialize(self) -> None:
         """Bring a fast-forwarded run up to date with the clock."""
         now = self.env.now
         if now < self.next_boundary:
             return
-        plan = self._plan
-        assert plan is not None
-        times = self._times
-        k = plan.num_steps
-        started = bisect_right(times, now, 0, k)
-        completed = bisect_right(times, now, 1, k + 1) - 1
-        self.scheduler.advance(started, completed)
-        self.next_boundary = times[started] if started < k else INF
+        newest = self._inflight[-1]
+        k = newest.plan.num_steps
+        starts = newest.starts
+        started = bisect_right(starts, now, 0, k)
+        if self.async_scheduling:
+            ends = newest.ends
+            completed = bisect_right(ends, now, 0, k)
+            self.scheduler.advance(started, completed)
+            # the next step to plan or to end (the last one's end is its commit)
+            boundary = starts[started] if started < k else INF
+            if completed < k - 1 and ends[completed] < boundary:
+                boundary = ends[completed]
+            self.next_boundary = boundary
+            return
+        # synchronous: step j ends when step j+1 starts, one list holds both
+        self.scheduler.advance(started, bisect_right(starts, now, 1, k + 1) - 1)
+        self.next_boundary = starts[started] if started < k else INF
+
+    def _set_next_boundary(self) -> None:
+        """Asynchronous scheduling: the next time the newest plan has a step to apply, the
+        planning of its first step not yet allocated or the end of its first step not yet
+        counted as done (the end of the last one is its commit)."""
+        newest = self._inflight[-1]
+        plan = newest.plan
+        start, k = plan.start_step, plan.num_steps
+        scheduler = self.scheduler
+        started = scheduler.allocated_through - start
+        boundary = newest.starts[started] if started < k else INF
+        completed = scheduler.steps_done - start
+        if completed < k - 1:
+            end = newest.ends[completed if completed > 0 else 0]
+            if end < boundary:
+                boundary = end
+        self.next_boundary = boundary
 
     def step_in_flight(self) -> tuple[float, dict[int, int]]:
         """Seconds until the step running now ends, and the prompt tokens it is computing per
         request id (empty when idle or in a decode-only step). A request arriving now can
-        join only the step after it."""
-        plan = self._plan
-        if plan is None:
+        join only a step planned after it."""
+        if not self._inflight:
             return 0.0, {}
         now = self.env.now
-        times = self._times
+        if self.async_scheduling:
+            for planned in self._inflight:  # the GPU runs the oldest step not yet ended
+                k = planned.plan.num_steps
+                j = bisect_right(planned.ends, now, 0, k)
+                if j < k:
+                    chunks = {r.request_id: q for r, q in planned.plan.chunks} if j == 0 else {}
+                    return max(0.0, planned.end(j) - now), chunks
+            return 0.0, {}
+        newest = self._inflight[-1]
+        plan = newest.plan
+        times = newest.starts  # synchronous: step j ends when step j+1 starts, at times[j + 1]
         j = min(max(bisect_right(times, now, 0, plan.num_steps) - 1, 0), plan.num_steps - 1)
         chunks = {r.request_id: q for r, q in plan.chunks} if j == 0 else {}
         return max(0.0, times[j + 1] - now), chunks
@@ -148,22 +267,23 @@ class Instance:
 
     def on_kv_event(self, block_hash: int, stored: bool) -> None:
         """The cache stored or evicted a block while a step was being scheduled; publish it
-        when that step ends. Blocks a connector's load caches between steps are published
-        with the next step the instance plans (vLLM caches them in the next `schedule()`,
-        `_update_waiting_for_remote_kv`)."""
+        when vLLM would (see the module docstring). Blocks a connector's load caches between
+        steps are published with the next step the instance plans (vLLM caches them in the
+        next `schedule()`, `_update_waiting_for_remote_kv`)."""
         assert self.kv_sink is not None
-        if self._planning or self._receiving:
-            self._kv_unstamped.append((block_hash, stored))
-            return
-        plan = self._plan
-        assert plan is not None
-        published = self._times[self.scheduler.event_step - plan.start_step + 1]
-        self.kv_sink(self.instance_id, block_hash, stored, published)
+        if not self._receiving:
+            step = self.scheduler.event_step
+            for planned in reversed(self._inflight):
+                j = step - planned.plan.start_step
+                if 0 <= j < planned.plan.num_steps:
+                    self.kv_sink(self.instance_id, block_hash, stored, planned.published_at(j))
+                    return
+        self._kv_unstamped.append((block_hash, stored))  # the step being planned now, or the next
 
-    def _publish_planned_events(self) -> None:
+    def _publish_planned_events(self, planned: _Planned) -> None:
         events, self._kv_unstamped = self._kv_unstamped, []
-        assert self.kv_sink is not None and self._plan is not None
-        published = self._times[1]
+        assert self.kv_sink is not None
+        published = planned.published_at(0)
         for block_hash, stored in events:
             self.kv_sink(self.instance_id, block_hash, stored, published)
 
@@ -171,57 +291,231 @@ class Instance:
 
     def _wake(self, _event: simpy.Event) -> None:
         self._wake_pending = False
-        if self._plan is None:
-            self._start_step()
+        if not self._inflight:
+            self._fill()
 
-    def _start_step(self) -> None:
-        self._planning = True
-        plan = self.scheduler.plan(self.env.now)
-        self._planning = False
-        self._plan = plan
-        if self.scheduler.rejected:
-            rejected, self.scheduler.rejected = self.scheduler.rejected, []
+    def _fill(self) -> None:
+        """Plan while fewer than `depth` planned steps have not ended (synchronous: when
+        none is in flight, which is whenever this is called)."""
+        if not self.async_scheduling:
+            self._start_step()
+            return
+        scheduler = self.scheduler
+        while scheduler.planned_ahead() < self._depth:
+            if not self._start_step():
+                return
+
+    def _start_step(self) -> bool:
+        scheduler = self.scheduler
+        now = self.env.now
+        plan = scheduler.plan(now)
+        if scheduler.rejected:
+            rejected, scheduler.rejected = scheduler.rejected, []
             for request in rejected:
                 self._on_rejected(request)
+        if scheduler.interrupted:
+            # their last token came at the end of the step before the one planned now
+            last_token = self._inflight[-1].last_end if self._inflight else now
+            for request in scheduler.interrupted:
+                request.gap_from = last_token
+            scheduler.interrupted.clear()
         if plan is None:
             # A plan that only started loads (their blocks' allocation evicted some) runs no
             # step: its events are published at once, as vLLM's output of an empty step.
             events, self._kv_unstamped = self._kv_unstamped, []
             for block_hash, stored in events:
-                self.kv_sink(self.instance_id, block_hash, stored, self.env.now)  # type: ignore[misc]
-            return
-        # accumulate adds exactly as `t = t + d` step by step would, at C speed.
-        times = list(accumulate(plan.durations, initial=self.env.now))
-        self._times = times
+                self.kv_sink(self.instance_id, block_hash, stored, now)  # type: ignore[misc]
+            return False
+        if self.async_scheduling:
+            planned = self._time_async(plan, now)
+            planned.event = schedule_at(self.env, planned.last_end, STEP_END, self._step_end)
+            self._inflight.append(planned)
+            self._set_next_boundary()
+            self._schedule_due(planned)
+        else:
+            # accumulate adds exactly as `t = t + d` step by step would, at C speed; step j
+            # starts when step j-1 ends, so one list holds both.
+            times = list(accumulate(plan.durations, initial=now))
+            planned = _Planned(plan, times, times, 1, None, [], now)
+            planned.event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
+            self.next_boundary = times[1] if plan.num_steps > 1 else INF
+            self._inflight.append(planned)
+        if plan.late or plan.chunks:
+            self._note_long_gaps(planned)
         if self._kv_unstamped:
-            self._publish_planned_events()
-        self.next_boundary = times[1] if plan.num_steps > 1 else INF
-        self._end_event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
+            self._publish_planned_events(planned)
+        return True
 
-    def _truncate_after_current_step(self) -> None:
-        plan = self._plan
-        assert plan is not None
-        started = bisect_right(self._times, self.env.now, 0, plan.num_steps)
-        if started >= plan.num_steps:
+    def _note_long_gaps(self, planned: _Planned) -> None:
+        """Gaps longer than a step, fixed when the plan is timed (its first step is never
+        cut): a request starved or preempted waits from its last token (`gap_from`) to its
+        next, which a decode starved before gets in the first step and a preempted request
+        when its recompute completes."""
+        plan = planned.plan
+        first_end = planned.end(0)
+        for request in plan.late:
+            planned.long_gaps.append(first_end - request.gap_from)
+            request.gap_from = -1.0
+        for request, q in plan.chunks:
+            if request.gap_from >= 0 and request.num_computed_tokens + q == request.num_tokens_target:
+                planned.long_gaps.append(first_end - request.gap_from)
+                request.gap_from = -1.0
+
+    def _record_step_gaps(self, planned: _Planned, steps: int) -> None:
+        """The gaps ended by the first `steps` steps of a plan: each decode (but the late
+        ones, recorded apart) waited from the end of the step before to its own end."""
+        if not steps:
             return
-        plan.num_steps = started
-        del plan.durations[started:]
-        del self._times[started + 1 :]
-        self.scheduler.truncate_run(started)
-        self._end_event = schedule_at(self.env, self._times[-1], STEP_END, self._step_end)
+        plan = planned.plan
+        gaps, counts = self.itl_gaps, self.itl_counts
+        if planned.long_gaps:
+            gaps.extend(planned.long_gaps)
+            counts.extend(repeat(1, len(planned.long_gaps)))
+        decodes = plan.num_decodes
+        if not decodes:
+            return
+        off = planned.end_offset
+        ends = planned.ends
+        first = decodes - len(plan.late) if plan.late else decodes
+        if first:
+            gaps.append(ends[off] - planned.prev_end)
+            counts.append(first)
+        if steps > 1:
+            gaps.extend(map(sub, ends[off + 1 : off + steps], ends[off : off + steps - 1]))
+            counts.extend(repeat(decodes, steps - 1))
+
+    def record_ended_steps(self) -> None:
+        """The run stops now: record the gaps of the steps in flight that have ended (their
+        plan's commit would have)."""
+        now = self.env.now
+        for planned in self._inflight:
+            k = planned.plan.num_steps
+            off = planned.end_offset
+            self._record_step_gaps(planned, bisect_right(planned.ends, now, off, off + k) - off)
+
+    def _time_async(self, plan: StepPlan, now: float) -> _Planned:
+        """Step boundaries under asynchronous scheduling (module docstring): step j of the
+        plan is planned at `now` (j = 0), when the step in flight ends (j = 1; `now` if the
+        engine was idle), or when step j-2 ends; its host work runs from max(planned, host
+        free) for `host_time`, its GPU part from max(previous end, host done) for
+        `step_time - host_time`."""
+        assert self._host_time is not None
+        host = self._host_time(plan.num_decodes + len(plan.chunks), plan.num_tokens)
+        previous = self._inflight[-1].last_end if self._inflight else None
+        starts: list[float] = []
+        ends: list[float] = []
+        host_free: list[float] = []
+        free = self._host_free
+        prev_end = -INF if previous is None else previous
+        durations = plan.durations
+        if len(durations) == 1:  # a single step: the loop below, once
+            free = (now if now > free else free) + host
+            gpu = durations[0] - host
+            end = (prev_end if prev_end > free else free) + (gpu if gpu > 0.0 else 0.0)
+            planned = _Planned(plan, [now], [end], 0, [end if previous is None else previous], [free],
+                               now if previous is None else previous)
+            planned.host = host
+            self._host_free = free
+            return planned
+        for j, duration in enumerate(durations):
+            if j == 0:
+                due = now
+            elif j == 1:
+                due = now if previous is None else previous
+            else:
+                if j == 2 and free <= ends[0] and ends[1] >= ends[0] + host:
+                    gpus = list(map(host.__rsub__, durations[2:]))
+                    if min(gpus) >= host:
+                        # The host is never the bottleneck from here: step j's host work
+                        # starts when it is planned (the end of step j-2) and is done before
+                        # step j-1 ends, so the GPU runs the steps back to back, end[j] =
+                        # end[j-1] + gpu[j]: the additions the loop below would make, at
+                        # C speed.
+                        ends += accumulate(gpus, initial=ends[1])
+                        del ends[2]  # accumulate repeats its initial value
+                        starts += ends[: len(durations) - 2]
+                        break
+                due = ends[j - 2]
+            free = (due if due > free else free) + host
+            gpu = duration - host
+            end = (prev_end if prev_end > free else free) + (gpu if gpu > 0.0 else 0.0)
+            starts.append(due)
+            ends.append(end)
+            host_free.append(free)
+            prev_end = end
+        published = [ends[0] if previous is None else previous, *ends[:-1]]
+        planned = _Planned(plan, starts, ends, 0, published, host_free, now if previous is None else previous)
+        planned.host = host
+        self._host_free = self._host_free_after(planned, len(durations) - 1)
+        return planned
+
+    @staticmethod
+    def _host_free_after(planned: _Planned, j: int) -> float:
+        """When the host is done with step j's work."""
+        host_free = planned.host_free
+        return host_free[j] if j < len(host_free) else planned.starts[j] + planned.host
+
+    def _schedule_due(self, planned: _Planned) -> None:
+        """The next plan is due when the second-to-last planned step ends: inside a run, an
+        event of its own; otherwise the commit of the step in flight plans it."""
+        k = planned.plan.num_steps
+        self._due_event = schedule_at(self.env, planned.end(k - 2), STEP_END, self._due) if k > 1 else None
+
+    def _due(self, event: simpy.Event) -> None:
+        if event is not self._due_event:
+            return  # superseded by a truncation
+        self._due_event = None
+        self.materialize()
+        self._fill()
+
+    def _truncate_after_planned_steps(self) -> None:
+        """An arrival wants the next step that is not planned yet: keep the steps of the run
+        whose planning time has come and drop the rest."""
+        newest = self._inflight[-1]
+        plan = newest.plan
+        kept = bisect_right(newest.starts, self.env.now, 0, plan.num_steps)
+        if kept >= plan.num_steps:
+            return
+        plan.num_steps = kept
+        del plan.durations[kept:]
+        if newest.ends is newest.starts:  # synchronous: one list of boundaries
+            del newest.ends[kept + 1 :]
+        else:
+            del newest.starts[kept:]
+            del newest.ends[kept:]
+            del newest.host_free[kept:]
+            del newest.published[kept:]  # type: ignore[index]
+            self._host_free = self._host_free_after(newest, kept - 1)
+        self.scheduler.truncate_run(kept)
+        newest.event = schedule_at(self.env, newest.last_end, STEP_END, self._step_end)
+        if self.async_scheduling:
+            self._schedule_due(newest)
 
     def _step_end(self, event: simpy.Event) -> None:
-        if event is not self._end_event:
+        oldest = self._inflight[0]
+        if event is not oldest.event:
             return  # superseded by a truncation
-        plan = self._plan
-        assert plan is not None
+        plan = oldest.plan
         now = self.env.now
         outcome = self.scheduler.commit(plan, now)
+        if plan.num_decodes or oldest.long_gaps:
+            self._record_step_gaps(oldest, plan.num_steps)
+        inflight = self._inflight
+        inflight.popleft()
         self.num_steps += plan.num_steps
         self.num_events += 1
-        self.busy_time_s += now - self._times[0]
-        self._plan = None
-        self._end_event = None
-        self.next_boundary = INF
+        if not self.async_scheduling:
+            self.busy_time_s += now - oldest.starts[0]
+            self.next_boundary = INF
+            self._on_step_end(self, plan, outcome, now)
+            self._start_step()
+            return
+        # the GPU's share: the host part overlapped the step before
+        host = oldest.host
+        self.busy_time_s += sum(d - host if d > host else 0.0 for d in plan.durations)
+        if inflight:
+            self._set_next_boundary()
+        else:
+            self.next_boundary = INF
         self._on_step_end(self, plan, outcome, now)
-        self._start_step()
+        self._fill()

@@ -262,16 +262,21 @@ def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: 
 def idle_prefill_time(sim: Simulation, uncached: int, cached: int, pool: Any = None) -> float:
     """Time to prefill `uncached` tokens after `cached` ones on an otherwise idle engine
     (where `long_prefill_token_threshold` does not apply: the request is alone), on a
-    `pool` as configured (default: the cluster's first)."""
+    `pool` as configured (default: the cluster's first). Under asynchronous scheduling only
+    the first chunk pays its host time: the next chunk's is spent while the GPU computes
+    the one before, so that is a lower bound there."""
     pool = pool if pool is not None else sim.instances[0].pool
     budget = pool.engine["max_num_batched_tokens"]
     cost_model = sim.pool_cost_models[pool.name]
+    overlapped = pool.engine["async_scheduling"]
     total = 0.0
     done = cached
     left = uncached
     while left > 0:
         q = min(left, budget)
         total += cost_model.step_time([(q, done)], 0, 0)
+        if overlapped and done > cached:
+            total -= cost_model.host_time(1, q)
         done += q
         left -= q
     return total

@@ -17,7 +17,11 @@ Model (costmodel.md §7, vLLM `block_pool.py` / `kv_cache_utils.py`):
   block carried. A request's blocks are released tail first; blocks without content go to
   the front of the queue and cache entries to the back, so the queue is always
   [content-free blocks][cache entries, least recently released first], and shared prefixes
-  outlive the suffixes built on them (vLLM 0.33 `BlockPool.free_blocks`).
+  outlive the suffixes built on them (vLLM 0.33 `BlockPool.free_blocks`). With
+  `free_queue_order="release"` (vLLM 0.11, `free_block_queue.append_n` of every freed
+  block) content-free blocks join the back in release order too, so the queue is
+  [never-used blocks][freed blocks, least recently released first] and a content-free block
+  freed after a cache entry is reused after that entry is evicted.
 * A block computed while its hash is already cached is a duplicate and is a cache entry
   too: vLLM's `BlockHashToBlockMap` keeps every copy of a hash, serves hits from the oldest
   one, and evicting one copy leaves the hash cached while another remains.
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence, Set
-from itertools import compress, count, filterfalse, islice, repeat, takewhile
+from itertools import compress, count, filterfalse, groupby, islice, repeat, takewhile
 
 import numpy as np
 
@@ -152,7 +156,9 @@ class PrefixCache:
     * `_used`: the in-use entries (reference count >= 1); `_extra`: key -> reference count
       - 1, only for entries held more than once;
     * the free queue's cache entries are `_segments`, the lists of keys freed by each
-      release in order (tail first), consumed from `_head` in `_segments[0]`. A touch takes
+      release in order (tail first), consumed from `_head` in `_segments[0]` (under the
+      release order, a run of content-free blocks queued among them is an int segment, its
+      length, so taking them costs no per-block work). A touch takes
       an entry out of the middle of the queue lazily: its occurrence stays in its segment
       and `_stale[key]` counts it. Only the last occurrence of a key in the queue can be
       valid (a key re-enters the queue only at the back), so popping from the head skips
@@ -177,9 +183,15 @@ class PrefixCache:
         instance_id: int = 0,
         index: GlobalPrefixIndex | None = None,
         listeners: list[KVListener] | None = None,
+        free_queue_order: str = "content_free_first",
     ) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
+        if free_queue_order not in ("content_free_first", "release"):
+            raise ValueError(f"free_queue_order must be content_free_first or release, got {free_queue_order!r}")
+        # vLLM 0.11: freed content-free blocks queue at the back like cache entries, as
+        # `ANON` occurrences in the segments (the count below is then never-used blocks).
+        self._anon_in_queue = free_queue_order == "release"
         self.num_total_blocks = num_blocks
         self.block_size = block_size
         self.instance_id = instance_id
@@ -188,7 +200,9 @@ class PrefixCache:
         # released first]: content-free blocks are only ever put at the front and cache
         # entries at the back, so the first part is just a count.
         self._plain_free = num_blocks
-        self._segments: deque[list[int]] = deque()
+        # lists of cache-entry keys; under the release order also ints, runs of content-free
+        # blocks
+        self._segments: deque[list[int] | int] = deque()
         self._head = 0
         self._num_free_entries = 0
         self._stale: Counter[int] = Counter()  # key -> its stale occurrences in the queue
@@ -271,11 +285,16 @@ class PrefixCache:
         return len(keys) - sum(map(used.__contains__, keys))  # a hash repeated in the run
 
     def _free_keys(self) -> Iterator[int]:
-        """The cache entries of the free queue, in order, skipping stale occurrences."""
+        """The cache entries of the free queue, in order, skipping stale occurrences (and
+        under the release order an `ANON` for each content-free block)."""
         stale = self._stale
         skipped: dict[int, int] = {}
         first = True
         for segment in self._segments:
+            if segment.__class__ is int:  # a run of content-free blocks
+                yield from repeat(ANON, segment - (self._head if first else 0))
+                first = False
+                continue
             for key in islice(segment, self._head if first else 0, None):
                 left = stale.get(key, 0) - skipped.get(key, 0)
                 if left > 0:
@@ -286,11 +305,13 @@ class PrefixCache:
 
     def free_entries(self, limit: int) -> list[int]:
         """Hashes of the first `limit` cache entries in the free queue: the next ones an
-        allocation beyond the content-free blocks evicts, in order."""
-        return [self.hash_of(key) for key in islice(self._free_keys(), max(limit, 0))]
+        allocation beyond the content-free blocks evicts, in order (under the release
+        order, freed content-free blocks among them are `ANON`)."""
+        return [key if key == ANON else self.hash_of(key) for key in islice(self._free_keys(), max(limit, 0))]
 
     def free_queue(self) -> list[int]:
-        """Keys of the cache entries in the free queue, head (next evicted) first."""
+        """Keys of the cache entries in the free queue, head (next evicted) first (under
+        the release order, with an `ANON` for each freed content-free block)."""
         return list(self._free_keys())
 
     def refcounts(self) -> dict[int, int]:
@@ -346,7 +367,7 @@ class PrefixCache:
 
     def _compact(self) -> None:
         """Drop the stale occurrences from the free queue."""
-        self._segments = deque([self.free_queue()])
+        self._segments = deque(_runs(self.free_queue()))
         self._head = 0
         self._stale.clear()
         self._stale_total = 0
@@ -369,6 +390,8 @@ class PrefixCache:
         if count == take:
             return
         evicted = self._pop_free(count - take)
+        if not evicted:  # only content-free blocks (release order)
+            return
         self.num_evictions += len(evicted)
         self.version = next(_VERSIONS)
         odd = self._odd
@@ -396,12 +419,25 @@ class PrefixCache:
                 listener(self.instance_id, h, False)
 
     def _pop_free(self, count: int) -> list[int]:
-        """Take the first `count` cache entries off the free queue, in order."""
+        """Take the first `count` free blocks off the queue, in order; returns the keys of the
+        cache entries among them (the content-free runs of the release order evict
+        nothing)."""
         out: list[int] = []
         segments, stale = self._segments, self._stale
+        plain = 0
         while count:
             segment = segments[0]
             head = self._head
+            if segment.__class__ is int:
+                take = min(count, segment - head)
+                plain += take
+                count -= take
+                if head + take == segment:
+                    segments.popleft()
+                    self._head = 0
+                else:
+                    self._head = head + take
+                continue
             end = min(len(segment), head + count)
             run = segment[head:end]
             if stale and not stale.keys().isdisjoint(run):
@@ -422,7 +458,7 @@ class PrefixCache:
                 self._head = 0
             else:
                 self._head = end
-        self._num_free_entries -= len(out)
+        self._num_free_entries -= len(out) + plain
         return out
 
     def register(self, block_hash: int) -> int:
@@ -493,16 +529,67 @@ class PrefixCache:
         first (vLLM `KVCacheManager.free` frees in reverse order). A block whose last
         holder leaves goes to the front of the free queue if it carries no cache entry
         (reused first) and to the back if it does (LRU), as vLLM 0.33's
-        `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back."""
+        `BlockPool.free_blocks` does; vLLM 0.11 appended both at the back, in release order
+        (`free_queue_order="release"`)."""
         named = keys[::-1]
         if not isinstance(named, list):  # segments are lists: the queue edits them
             named = list(named)
         anonymous = named.count(ANON)
         if anonymous:
             named = list(filter(_ANON_NE, named))
+        if self._anon_in_queue:
+            self._release_in_order(keys, named, extra_anonymous + anonymous)
+            return
         self._plain_free += extra_anonymous + anonymous
         if not named:
             return
+        freed = self._release_named(keys, named)
+        if freed:
+            self._segments.append(freed)
+            self._num_free_entries += len(freed)
+
+    def _release_in_order(self, keys: Sequence[int], named: list[int], anonymous: int) -> None:
+        """`release` under the release order: the content-free blocks queue at the back with
+        the entries, in the order they are freed (the tail first)."""
+        freed = self._release_named(keys, named) if named else []
+        segments = self._segments
+        if anonymous:
+            tail = anonymous - (len(keys) - len(named))  # the unnamed blocks past `keys`
+            if ANON not in keys[: len(named)]:
+                # the request's content-free blocks are its last ones (the usual shape:
+                # named blocks, then the partial and unnamed ones), released first
+                segments.append(anonymous)
+            else:
+                if tail:
+                    segments.append(tail)
+                segments.extend(_runs(self._in_release_order(keys, freed)))
+                self._num_free_entries += anonymous + len(freed)
+                return
+        if freed:
+            segments.append(freed)
+        self._num_free_entries += anonymous + len(freed)
+
+    @staticmethod
+    def _in_release_order(keys: Sequence[int], freed: list[int]) -> list[int]:
+        """The freed named keys interleaved with the request's content-free blocks in the
+        order its blocks are released (tail first); a key freed once though held twice is
+        queued at its last release, the earliest position in `keys`."""
+        left = Counter(freed)
+        held = Counter(k for k in keys if k != ANON)
+        out = []
+        for key in reversed(keys):
+            if key == ANON:
+                out.append(key)
+                continue
+            held[key] -= 1
+            if left[key] and held[key] == 0:
+                left[key] -= 1
+                out.append(key)
+        return out
+
+    def _release_named(self, keys: Sequence[int], named: list[int]) -> list[int]:
+        """Drop this request's hold on its named blocks; returns those whose last holder it
+        was, in release order (tail first)."""
         extra = self._extra
         # Blocks held by others too are usually the request's leading ones (its prefix hit),
         # so they are counted from the head, at the cost of the hit, and only the rest is
@@ -518,27 +605,25 @@ class PrefixCache:
             if lead:
                 _decrement(extra, list(keys[:lead]))
             self._used.difference_update(rest)
-            freed = rest
-        elif (shared := list(filter(extra.__contains__, named))) and len(set(shared)) == len(shared):
+            return rest
+        if (shared := list(filter(extra.__contains__, named))) and len(set(shared)) == len(shared):
             freed = list(filterfalse(extra.__contains__, named))
             _decrement(extra, shared)
             self._used.difference_update(freed)
-        else:  # a key held twice by this request: count down block by block
-            used, freed = self._used, []
-            for key in named:
-                count = extra.get(key)
-                if count:
-                    if count == 1:
-                        del extra[key]
-                    else:
-                        extra[key] = count - 1
+            return freed
+        # a key held twice by this request: count down block by block
+        used, freed = self._used, []
+        for key in named:
+            count = extra.get(key)
+            if count:
+                if count == 1:
+                    del extra[key]
                 else:
-                    used.remove(key)
-                    freed.append(key)
-        if not freed:
-            return
-        self._segments.append(freed)
-        self._num_free_entries += len(freed)
+                    extra[key] = count - 1
+            else:
+                used.remove(key)
+                freed.append(key)
+        return freed
 
     # -- invariants ----------------------------------------------------------------------
 
@@ -555,7 +640,8 @@ class PrefixCache:
             )
         if self._plain_free < 0 or self.num_free_blocks > self.num_total_blocks:
             problems.append(f"free blocks {self.num_free_blocks} out of range")
-        free = self.free_queue()
+        queue = self.free_queue()
+        free = [k for k in queue if k != ANON]  # the cache entries among the free blocks
         free_set = set(free)
         for key, ref in refs.items():
             if ref <= 0:
@@ -564,8 +650,10 @@ class PrefixCache:
                 problems.append(f"block {key} is both free and in use")
         if held_refs != refs:
             problems.append("reference counts differ from the requests' block lists")
-        if len(free) != self._num_free_entries or len(free_set) != len(free):
-            problems.append(f"free queue holds {len(free)} entries, counted {self._num_free_entries}")
+        if len(queue) != self._num_free_entries or len(free_set) != len(free):
+            problems.append(f"free queue holds {len(queue)} blocks, counted {self._num_free_entries}")
+        if len(free) != len(queue) and not self._anon_in_queue:
+            problems.append("content-free blocks queued behind cache entries")
         entries = len(self._cached) + sum(len(v) - 1 for v in self._odd.values())
         if entries != len(refs) + len(free):
             problems.append(f"{entries} cache entries but {len(refs) + len(free)} hashed blocks")
@@ -575,6 +663,7 @@ class PrefixCache:
 _VERSIONS = count(1)
 _COMPACT_SLACK = 1024  # stale occurrences tolerated in the free queue beyond the valid ones
 _ANON_NE = ANON.__ne__
+_ANON_EQ = ANON.__eq__
 _minus_one = (-1).__add__
 _is_one = (1).__eq__
 
@@ -586,6 +675,16 @@ def _decrement(counts: dict[int, int], keys: list[int]) -> None:
     if 1 in old:
         # dict's own __delitem__: Counter's is a Python method (a call per key)
         _consume(map(dict.__delitem__, repeat(counts), compress(keys, map(_is_one, old))))
+
+
+def _runs(keys: list[int]) -> list[list[int] | int]:
+    """Free-queue segments for `keys` in order: each run of `ANON`s as its length (a run of
+    content-free blocks), each run of cache entries as a list."""
+    out: list[list[int] | int] = []
+    for anonymous, group in groupby(keys, _ANON_EQ):
+        run = list(group)
+        out.append(len(run) if anonymous else run)
+    return out
 
 
 def _consume(iterator: Iterator[object]) -> None:

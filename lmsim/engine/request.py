@@ -95,6 +95,15 @@ class Request:
     kv_hit_tokens_disk: int = -1
     kv_load_bytes: int = 0
     kv_load_s: float = 0.0
+    # Its last token is being computed: out of the decode batch, still running and holding
+    # `held_blocks` until the step that computes it ends (see scheduler `_launch`).
+    retiring: bool = False
+    held_blocks: int = 0
+    held_tokens: int = 0  # a retiring decode's KV tokens (0: a prompt's, cached as computed)
+    starved_in_flight: int = 0  # starved in planned steps that have not ended yet
+    # When its tokens stop coming one per step (starved, preempted): the time of its last
+    # token, so the gap to its next one is recorded whole; -1 while they come every step.
+    gap_from: float = -1.0
     # The last prefix-cache match: valid while the cache's version and the cap are these.
     hit_memo_version: int = 0
     hit_memo_cap: int = -1

@@ -118,8 +118,13 @@ class Results:
                 "total_tokens",
             ],
         )
+        itl = (
+            np.concatenate([np.frombuffer(i.itl_gaps, dtype=np.float64) for i in sim.instances]),
+            np.concatenate([np.frombuffer(i.itl_counts, dtype=np.uint32) for i in sim.instances]),
+        )
         summary = summarize(
-            requests, rec.status, slo=sim.config.output.slo.model_dump(), num_instances=len(sim.instances)
+            requests, rec.status, slo=sim.config.output.slo.model_dump(), num_instances=len(sim.instances),
+            itl=itl,
         )
         if rec.handoffs is not None:
             summary.update(handoff_summary(requests, rec.status, sim.disagg.num_local_prefills))
@@ -157,10 +162,13 @@ def summarize(
     *,
     slo: dict[str, float] | None = None,
     num_instances: int | None = None,
+    itl: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The run's summary (README "Metric glossary" gives every formula). `slo` holds the
     `ttft_s`/`tpot_s` targets (default: the config's, 2 s and 100 ms); `num_instances`
-    counts idle instances in the load balance (default: the highest routed id + 1)."""
+    counts idle instances in the load balance (default: the highest routed id + 1); `itl`
+    is the engine's record of inter-token gaps, (gaps, how many tokens waited each), whose
+    statistics become `itl_s_*` (null without it)."""
     # only the columns the statistics read: a row mask over the whole frame copies all of it
     finished = requests.loc[status == FINISHED, [*LATENCY_METRICS, "output_tokens"]]
     summary: dict[str, Any] = {
@@ -186,7 +194,7 @@ def summarize(
             }
         for key in ("mean", "p50", "p90", "p99"):
             summary[f"{metric}_{key}"] = stats.get(key)
-    summary.update(_inter_token_latency(finished))
+    summary.update(inter_token_latency(*itl) if itl is not None else _no_itl())
     cached = requests["cached_tokens"]
     admitted = cached.notna().to_numpy()
     input_total = requests["input_tokens"].to_numpy()[admitted].sum()
@@ -239,31 +247,41 @@ def pool_busy_fractions(sim: Any) -> dict[str, Any]:
     return out
 
 
-def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    """The smallest value whose cumulative weight reaches q% of the total: the percentile of
-    the pooled population in which each value occurs `weight` times (inverted CDF, no
-    interpolation)."""
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    rank = np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left")
-    return float(values[order][min(rank, len(values) - 1)])
+def pooled_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """`np.percentile(np.repeat(values, counts), q)` (linear interpolation between the two
+    closest ranks, numpy's default) without expanding the population: `values` sorted
+    ascending, `counts` > 0."""
+    cumulative = np.cumsum(counts, dtype=np.int64)
+    n = int(cumulative[-1])
+    position = (n - 1) * (q / 100.0)
+    below = int(np.floor(position))
+    fraction = position - below
+    # the value at 0-based rank r is the first whose cumulative count exceeds r
+    lo, hi = np.searchsorted(cumulative, [below, min(below + 1, n - 1)], side="right")
+    a, b = float(values[lo]), float(values[hi])
+    # numpy's _lerp: from the nearer end, so equal neighbours give exactly their value
+    return a + (b - a) * fraction if fraction < 0.5 else b - (b - a) * (1.0 - fraction)
 
 
-def _inter_token_latency(finished: pd.DataFrame) -> dict[str, Any]:
-    """ITL pooled over tokens, as vLLM's benchmark_serving reports it (every gap between
-    consecutive output tokens of every request, pooled). The engine records a request's
-    first- and last-token times, not each gap, so request r contributes n_r - 1 gaps of its
-    mean gap TPOT_r: the mean is exact (sum of decode spans / sum of gaps); the percentiles
-    ignore variation within a request, so they understate the true pooled tail."""
-    gaps = finished["output_tokens"].to_numpy(dtype=float, na_value=np.nan) - 1
-    tpot = finished["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
-    keep = (gaps > 0) & ~np.isnan(tpot)
-    gaps, tpot = gaps[keep], tpot[keep]
+def _no_itl() -> dict[str, Any]:
+    return {f"itl_s_{k}": None for k in ("mean", "p50", "p90", "p99")}
+
+
+def inter_token_latency(gaps: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
+    """ITL as vLLM's benchmark_serving reports it: every gap between consecutive output
+    tokens, pooled over requests (`np.mean` and `np.percentile` of the list of all of them).
+    The engine records the gaps exactly (see `Instance._record_step_gaps`), each with how
+    many tokens waited it; entries are put in one canonical order first, so the result does
+    not depend on the order they were recorded in (fast-forward on or off)."""
+    keep = counts > 0
+    gaps, counts = gaps[keep], counts[keep].astype(np.int64)
     if not len(gaps):
-        return {f"itl_s_{k}": None for k in ("mean", "p50", "p90", "p99")}
-    out: dict[str, Any] = {"itl_s_mean": float((tpot * gaps).sum() / gaps.sum())}
+        return _no_itl()
+    order = np.lexsort((counts, gaps))
+    gaps, counts = gaps[order], counts[order]
+    out: dict[str, Any] = {"itl_s_mean": float((gaps * counts).sum() / counts.sum())}
     for q in (50, 90, 99):
-        out[f"itl_s_p{q}"] = weighted_percentile(tpot, gaps, q)
+        out[f"itl_s_p{q}"] = pooled_percentile(gaps, counts, q)
     return out
 
 

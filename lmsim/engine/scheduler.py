@@ -55,6 +55,10 @@ class StepPlan:
     decode_context: int = 0  # sum of KV lengths the first step's decodes attend to
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    starved: list[Request] = field(default_factory=list)  # decodes given no token
+    # Decodes of the first step whose previous token is not from the step before (their
+    # gap is longer than a step): for the inter-token-latency record.
+    late: list[Request] = field(default_factory=list)
     long_prefill_cap: int = 0  # long_prefill_token_threshold in force (0: waived or unset)
 
 
@@ -80,6 +84,7 @@ class InstanceScheduler:
         max_run_steps: int = 64,
         admission: str = "first_chunk",
         watermark_blocks: int = 0,
+        waive_long_prefill_when_alone: bool = False,
     ) -> None:
         self.cache = cache
         self.cost_model = cost_model
@@ -97,6 +102,7 @@ class InstanceScheduler:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_RULES)}, got {admission!r}")
         self.admission = admission
         self.watermark_blocks = watermark_blocks if admission == "whole_prompt_watermark" else 0
+        self.waive_long_prefill_when_alone = waive_long_prefill_when_alone
         self._cap = 0  # long_prefill_token_threshold in force for the step being planned
         # Most runs are cut short by an arrival after a dozen steps; pricing hundreds of steps
         # that are thrown away costs more than one extra event for the rare long run. So a
@@ -119,6 +125,19 @@ class InstanceScheduler:
         self.event_step = 0
         self._run_end = 0  # step index after the planned step/run
         self._admit_counter = 0
+        # The last plan, until its schedule-time effects are applied (`_launch`), and the
+        # index after the last launched step.
+        self._unlaunched: StepPlan | None = None
+        self._launched_through = 0
+        # Requests that sample a token when the oldest planned step ends: prompts completed
+        # in it, requests whose last token it computes, and (when steps are planned ahead)
+        # requests preempted while it was computing their token.
+        self._sampling: list[Request] = []
+        # Decoding requests starved earlier whose next token ends a longer gap, and the
+        # requests with tokens whose next token the last plan put off (starved or
+        # preempted), which the instance collects after each plan.
+        self._gapped: list[Request] = []
+        self.interrupted: list[Request] = []
 
         # Aggregates over decoding requests.
         self.num_decoding = 0
@@ -195,9 +214,20 @@ class InstanceScheduler:
             out.append((r.num_tokens_target - done, done))
         return out
 
+    @property
+    def allocated_through(self) -> int:
+        """The step index after the last step whose blocks are allocated."""
+        return self._alloc_through
+
+    def planned_ahead(self) -> int:
+        """Planned steps that have not ended (as materialized)."""
+        return self._run_end - self.steps_done
+
     def outputs_of(self, request: Request) -> int:
+        """Output tokens sampled by the steps that have ended."""
         if request.decoding:
-            return self.steps_done - request.decode_base
+            # a starvation shifts the base when its step is planned, before it ends
+            return self.steps_done - request.decode_base + request.starved_in_flight
         return request.num_output_done
 
     # -- arrivals ------------------------------------------------------------------------
@@ -211,13 +241,18 @@ class InstanceScheduler:
     # -- planning ------------------------------------------------------------------------
 
     def plan(self, now: float) -> StepPlan | None:
-        """Plan the next step (or decode-only run) starting at step `steps_done`; None when
-        there is nothing to run (idle, or idle once requests that can never fit again were
-        dropped into `rejected`)."""
+        """Plan the next step (or decode-only run), the one after the last planned step;
+        None when there is nothing to run (idle, or idle once requests that can never fit
+        again were dropped into `rejected`, or nothing schedulable before the step in
+        flight ends)."""
+        if self._unlaunched is not None:
+            self._launch(self._unlaunched)
         if self.is_idle:
             return None
-        s = self.steps_done
-        assert self._alloc_through == s, "plan() before the previous step was committed"
+        s = self._run_end
+        assert self._alloc_through == s, "plan() before the planned steps were allocated"
+        in_flight = s > self.steps_done
+        planned_start = self._run_start
         self._cap = self._long_prefill_cap()
         budget = self.max_num_batched_tokens
         num_dec = self.num_decoding
@@ -231,25 +266,44 @@ class InstanceScheduler:
             self._allocate_decode_steps(s, s + 1)
             decodes_allocated = True
             if self._admission_blocked(budget - num_dec):
-                return self._plan_run(s)
+                run = self._plan_run(s)
+                if self._gapped:
+                    self._sort_gapped(run)
+                return run
         plan = self._plan_aggregate(s, now, decodes_allocated)
         if plan is None:
             plan = self._plan_exact(s, now)
-        if not plan.num_tokens and (self.is_idle or (not plan.preempted and (self.loading or self.held))):
-            # Only a rejection happened, or nothing fits until a load lands or held blocks
-            # are freed: no step to run; the connector's callback wakes the instance.
+        if self._gapped:
+            self._sort_gapped(plan)
+        if not plan.num_tokens and (
+            self.is_idle or in_flight or (not plan.preempted and (self.loading or self.held))
+        ):
+            # Nothing to compute: only a rejection happened, everything running waits for
+            # the step in flight (vLLM runs no model for an empty schedule), or nothing fits
+            # until a load lands or held blocks are freed (the connector's callback wakes
+            # the instance).
             self._alloc_through = s
+            self._run_start = planned_start
             return None
         plan.long_prefill_cap = self._cap
         self._alloc_through = s + 1
         self._run_end = s + 1
+        self._unlaunched = plan
         return plan
 
+    def _sort_gapped(self, plan: StepPlan) -> None:
+        """The starved decodes that get a token in this plan's first step are late (their
+        gap spans the steps they missed); those starved again stay gapped."""
+        starved = plan.starved
+        plan.late = [r for r in self._gapped if r.decoding and r not in starved]
+        self._gapped = [r for r in self._gapped if r.decoding and r in starved]
+
     def _long_prefill_cap(self) -> int:
-        """`long_prefill_token_threshold`, unless one request is alone in the engine: vLLM
-        0.33 `Scheduler.schedule` drops the cap when running + waiting <= 1, since there is
-        nobody to starve (vLLM 0.11 always applied it)."""
-        if len(self.running) + len(self.waiting) > 1:
+        """`long_prefill_token_threshold`, unless one request is alone in the engine and
+        `waive_long_prefill_when_alone`: vLLM 0.33 `Scheduler.schedule` drops the cap when
+        running + waiting <= 1, since there is nobody to starve (vLLM 0.11 always applied
+        it)."""
+        if not self.waive_long_prefill_when_alone or len(self.running) + len(self.waiting) > 1:
             return self.long_prefill_token_threshold
         return 0
 
@@ -267,17 +321,25 @@ class InstanceScheduler:
             )
             self._run_capped = k == self._run_cap
             if k > 1 and self.waiting:
-                k = self._steps_head_stays_blocked(s, k)
-        context0 = self.decode_context_tokens
+                if s > self.steps_done and any(r.retiring or r.state is _WAITING for r in self._sampling):
+                    # Planned ahead: the step in flight frees blocks or seats (or grows a
+                    # preempted request) when it ends, which the next plan must see.
+                    k = 1
+                    self._run_capped = False
+                else:
+                    k = self._steps_head_stays_blocked(s, k)
+        context0 = self._dec_sum_input - self._dec_sum_base + num_dec * s  # decodes' KV at step s
         if self._run_durations is not None:
             durations = self._run_durations(num_dec, context0, k)
         else:
             durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
         self._run_end = s + k
-        return StepPlan(
+        plan = StepPlan(
             s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0,
             long_prefill_cap=self._cap,
         )
+        self._unlaunched = plan
+        return plan
 
     def _steps_head_stays_blocked(self, s: int, k: int) -> int:
         """Shorten a run [s, s + k) to the steps after which the waiting queue's head is
@@ -418,17 +480,17 @@ class InstanceScheduler:
         if j + 1 >= shared:
             self._fills[(request.decode_base - request.input_tokens) % self.block_size].pop(request, None)
 
-    def _cache_private_blocks(self, request: Request) -> None:
-        """Before a decoding request releases its blocks: make the filled blocks that only
-        it can hit (synthetic names, past `num_shared_blocks`) cache entries, in one run.
+    def _cache_private_blocks(self, request: Request, kv_tokens: int) -> None:
+        """Before a decoding (or retiring) request releases its blocks, holding `kv_tokens`
+        tokens of KV: make the filled blocks that only it can hit (synthetic names, past
+        `num_shared_blocks`) cache entries, in one run.
 
         Registering them step by step as decodes fill them (as vLLM does) gives the same
         cache: while the request holds them they are in use, so no allocation evicts them,
         and no other request looks them up; only the KV events of those blocks come at the
         release instead. One C-level run instead of a Python call per block: on chatbot
         traffic two thirds of the filled output blocks have no follow-up turn naming them."""
-        filled = (request.input_tokens + self._alloc_through - 1 - request.decode_base) // self.block_size
-        filled = min(filled, len(request.kv_hashes))
+        filled = min(kv_tokens // self.block_size, len(request.kv_hashes))
         first = request.num_cached_blocks
         if filled <= first:
             return
@@ -543,7 +605,7 @@ class InstanceScheduler:
             [],
             num_decodes=num_dec,
             num_tokens=num_dec + sum(demands),
-            decode_context=self.decode_context_tokens,
+            decode_context=self._dec_sum_input - self._dec_sum_base + num_dec * s,
         )
         for request, q, nb in zip(prefilling, demands, chunk_blocks):
             self._allocate_chunk(request, q, nb)
@@ -562,6 +624,9 @@ class InstanceScheduler:
         i = 0
         while i < len(running) and budget_left > 0:
             request = running[i]
+            if request.retiring:  # its last token is computing in the step in flight
+                i += 1
+                continue
             if request.decoding:
                 q = 1
                 need = 1 if (request.input_tokens + s - request.decode_base - 1) % bs == 0 else 0
@@ -593,6 +658,14 @@ class InstanceScheduler:
         for request in running[i:]:
             if request.decoding:
                 self._starve(request)
+                plan.starved.append(request)
+                if request.gap_from < 0:
+                    self.interrupted.append(request)
+                    self._gapped.append(request)
+        for request in plan.preempted:
+            # it has sampled a token, or gets one from the step in flight
+            if request.gap_from < 0 and (request.num_output_done or request in self._sampling):
+                self.interrupted.append(request)
         if not plan.preempted:
             self._admit(plan, budget_left, now)
         plan.durations = [self._step_time(plan)]
@@ -760,9 +833,10 @@ class InstanceScheduler:
         alloc_to = min(self._run_start + steps_started, self._run_end)
         if alloc_to > self._alloc_through:
             self._allocate_decode_steps(self._alloc_through, alloc_to)
-        done_to = min(self._run_start + steps_completed, self._run_end - 1)
-        if done_to > self.steps_done:
-            self.steps_done = done_to
+        if steps_completed:
+            done_to = min(self._run_start + steps_completed, self._run_end - 1)
+            if done_to > self.steps_done:
+                self.steps_done = done_to
 
     def truncate_run(self, num_steps: int) -> None:
         """Shorten the planned run to its first `num_steps` steps (an arrival wants to be
@@ -771,53 +845,95 @@ class InstanceScheduler:
         self._run_cap = self.max_run_steps
         self._run_capped = False
 
-    def commit(self, plan: StepPlan, now: float) -> StepOutcome:
-        """End of the planned step or run at time `now`."""
-        end = self._run_end
+    def _launch(self, plan: StepPlan) -> None:
+        """The schedule-time effects of a planned step or run (vLLM
+        `Scheduler._update_after_schedule`), applied once all its steps are allocated and
+        before the next step is planned: prefill chunks count as computed; a prompt
+        computed in its last step samples a token when that step ends and decodes from the
+        next step on, unless that token is its last; a request whose last token the last
+        step computes (a decode reaching its length, or such a prompt) retires: it leaves
+        the decode batch but stays running, holding its blocks, until the step ends."""
+        self._unlaunched = None
+        end = plan.start_step + plan.num_steps
+        if end > self._alloc_through:
+            self._allocate_decode_steps(self._alloc_through, end)
         if self._grid_check is not None:
             self.num_outside_grid += self._grid_check(
                 [(q, r.num_computed_tokens) for r, q in plan.chunks],
-                plan.num_decodes, plan.decode_context, end - self._run_start,
+                plan.num_decodes, plan.decode_context, plan.num_steps,
             )
-        if end > self._alloc_through:
-            self._allocate_decode_steps(self._alloc_through, end)
-        self.steps_done = end
         if self._run_capped:
             self._run_capped = False
             if self._run_cap < _MAX_RUN_CAP:
                 self._run_cap *= 2
-        outcome = StepOutcome()
-        changed: list[Request] = []
+        self._launched_through = end
+        last_step = end - 1
+        sampling = self._sampling
         for request, q in plan.chunks:
             if request.state is not _RUNNING or request.decoding:
                 continue
             request.num_computed_tokens += q
             self._set_pending(request, request.pending_prefill - q)
             if request.num_computed_tokens == request.num_tokens_target:
-                changed.append(request)
-        last_step = end - 1
+                # A prefill (or recompute) completes: it samples a token at the step's end.
+                self.prefilling.remove(request)
+                self._nondec_tokens -= request.num_tokens_target
+                if request.num_output_done + 1 >= request.output_tokens:
+                    request.retiring = True
+                    request.held_tokens = 0  # its prompt blocks were cached as computed
+                    request.held_blocks = len(request.block_keys)
+                else:
+                    self._start_decoding(request, last_step - request.num_output_done)
+                sampling.append(request)
         heap = self._finish_heap
         while heap and heap[0][0] <= last_step:
             finish_step, seq, request = heapq.heappop(heap)
             if request.decoding and request.admit_seq == seq and request.finish_step == finish_step:
-                changed.append(request)
-        changed.sort(key=_admit_seq)
-        for request in changed:
-            if request.decoding:
-                self._finish(request, now, outcome)
-                continue
-            # A prefill (or recompute) just completed: sample a token.
-            self.prefilling.remove(request)
-            self._nondec_tokens -= request.num_tokens_target
+                tokens = request.input_tokens + last_step - request.decode_base  # its KV through its last step
+                request.held_tokens = tokens
+                request.held_blocks = -(-tokens // self.block_size)
+                self._stop_decoding(request, last_step - request.decode_base)
+                request.retiring = True
+                sampling.append(request)
+
+    def commit(self, plan: StepPlan, now: float) -> StepOutcome:
+        """The planned step or run ends at time `now`: its tokens are sampled (vLLM
+        `Scheduler.update_from_output`), and requests that sampled their last token finish
+        and release their blocks."""
+        if plan is self._unlaunched:  # nothing was planned after it
+            self._launch(plan)
+        end = plan.start_step + plan.num_steps
+        self.steps_done = end
+        for request in plan.starved:
+            request.starved_in_flight -= 1
+        outcome = StepOutcome()
+        sampling, self._sampling = self._sampling, []
+        sampling.sort(key=_admit_seq)
+        for request in sampling:
             request.num_output_done += 1
             if request.first_token_at is None:
                 request.first_token_at = now
                 outcome.first_tokens.append(request)
-            if request.num_output_done >= request.output_tokens:
+            if request.retiring:
                 self._finish(request, now, outcome)
-            else:
-                self._start_decoding(request, self.steps_done - request.num_output_done)
+            elif request.state is _WAITING:
+                self._sampled_while_waiting(request, now, outcome)
         return outcome
+
+    def _sampled_while_waiting(self, request: Request, now: float, outcome: StepOutcome) -> None:
+        """A request preempted after its token was scheduled gets that token anyway (vLLM
+        appends a preempted request's in-flight output); its recompute grows by it, or it is
+        done."""
+        self._nondec_tokens += 1
+        if request.num_output_done < request.output_tokens:
+            self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
+            return
+        self.waiting.remove(request)
+        self._nondec_tokens -= request.num_tokens_target
+        self._set_pending(request, 0)
+        request.state = _FINISHED
+        request.finished_at = now
+        outcome.finished.append(request)
 
     def _finish(self, request: Request, now: float, outcome: StepOutcome) -> None:
         self.running.remove(request)
@@ -826,8 +942,7 @@ class InstanceScheduler:
             self.held[request] = None
         else:
             self._release(request)
-        if request.decoding:
-            self._stop_decoding(request)
+        request.retiring = False
         request.state = _FINISHED
         request.finished_at = now
         outcome.finished.append(request)
@@ -847,9 +962,9 @@ class InstanceScheduler:
         request.finish_step = request.output_tokens + base - 1
         heapq.heappush(self._finish_heap, (request.finish_step, request.admit_seq, request))
 
-    def _stop_decoding(self, request: Request) -> None:
+    def _stop_decoding(self, request: Request, outputs: int) -> None:
         base = request.decode_base
-        request.num_output_done = self.steps_done - base
+        request.num_output_done = outputs
         self._phase[(base + 1 - request.input_tokens) % self.block_size] -= 1
         self._fills[(base - request.input_tokens) % self.block_size].pop(request, None)
         self.num_decoding -= 1
@@ -860,8 +975,9 @@ class InstanceScheduler:
     def _starve(self, request: Request) -> None:
         """A decode got no token this step: its output count and block phase shift by one."""
         base = request.decode_base
-        self._stop_decoding(request)
+        self._stop_decoding(request, self.outputs_of(request))
         self._start_decoding(request, base + 1)
+        request.starved_in_flight += 1
 
     def _peek_finish_step(self) -> int:
         heap = self._finish_heap
@@ -876,22 +992,36 @@ class InstanceScheduler:
         if request.decoding:
             tokens = request.input_tokens + self._alloc_through - 1 - request.decode_base
             return -(-tokens // self.block_size)
+        if request.retiring:
+            return request.held_blocks
         return len(request.block_keys)
 
     def _release(self, request: Request) -> None:
-        if request.decoding and self.enable_prefix_caching:
-            self._cache_private_blocks(request)
+        if self.enable_prefix_caching:
+            if request.decoding:
+                self._cache_private_blocks(request, request.input_tokens + self._alloc_through - 1 - request.decode_base)
+            elif request.retiring and request.held_tokens:
+                self._cache_private_blocks(request, request.held_tokens)
         held = self._blocks_held(request)
         self.cache.release(request.block_keys, held - len(request.block_keys))
         request.block_keys = []
         request.num_cached_blocks = 0
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: free everything, back to the front of the waiting queue."""
+        """Recompute preemption: free everything, back to the front of the waiting queue.
+        A request whose token the step in flight is computing (steps planned ahead) still
+        gets it when that step ends (`_sampled_while_waiting`)."""
         self.running.remove(request)
         if request.decoding:
+            sampled = self.outputs_of(request)
+            if self._launched_through - request.decode_base > sampled and request not in self._sampling:
+                self._sampling.append(request)
             self._release(request)
-            self._stop_decoding(request)
+            self._stop_decoding(request, sampled)
+            self._nondec_tokens += request.num_tokens_target
+        elif request.retiring:
+            self._release(request)
+            request.retiring = False
             self._nondec_tokens += request.num_tokens_target
         else:
             self.prefilling.remove(request)

@@ -121,7 +121,10 @@ class Simulation:
             on_step_end = self._on_prefill_step_end if pool.role == "prefill" else self._on_step_end
             on_rejected = self._on_prefill_rejected if pool.role == "prefill" else self._on_engine_rejected
             for i in pool.instance_ids:
-                cache = PrefixCache(num_blocks, cfg.block_size, i, self.index, self.kv_listeners)
+                cache = PrefixCache(
+                    num_blocks, cfg.block_size, i, self.index, self.kv_listeners,
+                    free_queue_order=engine["free_queue_order"],
+                )
                 scheduler = InstanceScheduler(
                     cache,
                     cost_model,
@@ -132,9 +135,14 @@ class Simulation:
                     fast_forward=config.simulation.fast_forward,
                     admission=engine["admission"],
                     watermark_blocks=watermark,
+                    waive_long_prefill_when_alone=engine["waive_long_prefill_when_alone"],
                 )
                 self.instances.append(
-                    Instance(self.env, i, scheduler, on_step_end, on_rejected, pool)
+                    Instance(
+                        self.env, i, scheduler, on_step_end, on_rejected, pool,
+                        async_scheduling=engine["async_scheduling"],
+                        host_time=cost_model.host_time if engine["async_scheduling"] else None,
+                    )
                 )
         first = self.instances[0].scheduler
         self.cost_model = first.cost_model
@@ -497,6 +505,7 @@ class Simulation:
             check_end(self)
         for instance in self.instances:
             instance.materialize()
+            instance.record_ended_steps()
             s = instance.scheduler
             for request in [*s.running, *s.waiting, *s.loading]:
                 request.num_output_done = instance.scheduler.outputs_of(request)

@@ -13,6 +13,12 @@ A step is described by its composition, never by request objects:
 `decode_run_times(B, C0, K)[k]` must equal `step_time((), B, C0 + k*B)` bit for bit: the
 engine fast-forwards runs of decode-only steps with the former and single steps with the
 latter, and the two modes must give identical results.
+
+`host_time(num_seqs, num_tokens)` is the part of `step_time` spent on the host (scheduling,
+input preparation, sampling, output processing) for a step of that many sequences and
+tokens; it must not exceed `step_time` of any such step. Synchronous engines pay it in every
+step; with asynchronous scheduling (vLLM 0.33's default) it overlaps the GPU part of the
+step before, and only the rest, `step_time - host_time`, occupies the GPU.
 """
 
 from __future__ import annotations
@@ -42,11 +48,20 @@ class StepCostModel(Protocol):
         """KV pool size in blocks derived from memory facts, or None if the profile has none."""
         ...
 
+    def host_time(self, num_seqs: int, num_tokens: int) -> float:
+        """The host (CPU) part of `step_time` for a step of `num_seqs` sequences and
+        `num_tokens` tokens (see the module docstring)."""
+        ...
+
 
 @dataclass(frozen=True)
 class LinearCostModel:
     """t = step_base_s + per_prefill_token_s * sum(q) + per_decode_seq_s * B
     + per_context_token_s * (sum over chunks of (c + q) + decode_context_tokens).
+
+    `host_step_s` (default 0, at most `step_base_s`) is the part of `step_base_s` spent on
+    the host in every step: `host_time` returns it whatever the step, so under asynchronous
+    scheduling a step occupies the GPU for t - host_step_s.
 
     Every number it produces can be computed by hand, which is what the engine tests need.
     It carries no memory facts, so the cluster must set `num_gpu_blocks` explicitly.
@@ -57,6 +72,7 @@ class LinearCostModel:
     per_decode_seq_s: float = 0.0
     per_context_token_s: float = 0.0
     kv_bytes_per_token: float | None = None  # prices a P/D KV transfer; no effect on steps
+    host_step_s: float = 0.0
     name: str = "linear"
 
     def step_time(
@@ -90,3 +106,6 @@ class LinearCostModel:
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         return None
+
+    def host_time(self, num_seqs: int, num_tokens: int) -> float:
+        return float(self.host_step_s)

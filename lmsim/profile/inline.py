@@ -38,6 +38,8 @@ def check_inline_profile(spec: dict[str, Any]) -> None:
         if value < 0 or (key == "step_base_s" and value == 0):
             bound = "> 0" if key == "step_base_s" else ">= 0"
             raise ValueError(f"{key} must be {bound} (got {value!r})")
+    if spec.get("host_step_s", 0) > spec["step_base_s"]:
+        raise ValueError("host_step_s must be <= step_base_s (it is the host part of it)")
 
 
 def build_inline(spec: dict[str, Any]) -> StepCostModel:

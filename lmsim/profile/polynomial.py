@@ -102,6 +102,10 @@ class PolynomialCostModel:
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         return None
 
+    def host_time(self, num_seqs: int, num_tokens: int) -> float:
+        """No host part: the mocker's polynomials price a whole synchronous step."""
+        return 0.0
+
 
 POLYNOMIAL_FIELDS = ("worker_type", "kv_capacity_tokens", "kv_bytes_per_token")
 

@@ -372,6 +372,18 @@ class TableCostModel:
             x += len(steps) * num_decodes
         return out
 
+    def host_time(self, num_seqs: int, num_tokens: int) -> float:
+        """The host part of `step_time` (`StepCostModel.host_time`): the `cpu_s` column of
+        seqs.csv at `num_seqs` plus `cpu_per_token_s * num_tokens`, both already in
+        `step_time`'s `seqs(B)` and per-token terms. A `host_overlap` profile's step is
+        already max(host, GPU), so no host part is left to overlap: 0."""
+        if self._overlap:
+            return 0.0
+        cpu = self.__dict__.get("_cpu_yl")
+        if cpu is None:
+            cpu = self.__dict__["_cpu_yl"] = self.data.cpu_s.astype(float).tolist()
+        return _lerp(self._seq_xl, cpu, num_seqs) + self._cpt * num_tokens
+
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int | None:
         pool = gpu_memory_utilization * self._mem_gib * GIB - self._weights - self._overhead_gib * GIB
         if self._slot_tokens:

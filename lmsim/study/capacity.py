@@ -33,6 +33,7 @@ field to the schema does not invalidate every shipped capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from lmsim.config import ExperimentConfig
+from lmsim.config import ENGINE_SETTING_FIELDS, ExperimentConfig
 from lmsim.data import BUNDLED_CAPACITIES
 from lmsim.errors import ConfigError
 from lmsim.workload.scaling import mean_rate, scale_to_rate
@@ -236,7 +237,13 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
     return {"trace_sha256": digest.hexdigest()}
 
 
-_KEYED_WHEN_CHANGED = {"cache_generated_blocks": True}
+_KEYED_WHEN_CHANGED = {
+    "cache_generated_blocks": True,
+    # the synchronous engine's settings (vLLM 0.11, the default), added after shipping
+    "async_scheduling": False,
+    "free_queue_order": "release",
+    "waive_long_prefill_when_alone": False,
+}
 
 
 def key_payload(
@@ -246,6 +253,14 @@ def key_payload(
     from lmsim.profile import profile_identity
 
     cluster = {k: v for k, v in config.cluster.model_dump(mode="json").items() if v is not None}
+    # The engine enters as its resolved settings, so naming the default release or leaving it
+    # unset gives one key; what a preset does is engine code, which the key does not cover.
+    cluster.pop("engine", None)
+    cluster.update(dataclasses.asdict(config.cluster.engine_settings()))
+    for pool in cluster.get("pools") or ():
+        for name in ("engine", *ENGINE_SETTING_FIELDS[1:]):  # settings added after pools shipped
+            if pool.get(name) is None:
+                pool.pop(name, None)
     cluster.pop("max_waiting", None)  # the probe replays without a queue cap
     cluster.pop("profile", None)
     # Fields added after capacities were shipped count only when moved off their default,
