@@ -230,3 +230,33 @@ def test_kv_events_carry_the_time_their_step_published_them():
     assert on == off
     assert [(h, stored) for h, stored, _ in on] == [(1, True), (2, True), (3, True), (4, True)]
     assert [t for *_, t in on] == pytest.approx([0.042, 0.042, 0.2036, 0.3652], abs=1e-12)
+
+
+def test_a_truncated_runs_old_end_after_the_instance_went_idle_is_ignored(monkeypatch):
+    """A step may get cheaper when a request joins (the shipped tables' small-batch decode
+    term prices a batch of 2 below a batch of 1 at the same total context), so a truncated
+    run's original end can come after everything it held has finished.
+
+    Steps cost 10 ms with one sequence and 4 ms with two. A (16-token prompt, 10 outputs):
+    prefill 0-0.010, then a fast-forwarded run of its 9 decode steps planned to end at 0.100.
+    B (16 tokens, 1 output) arrives at 0.045: the run keeps the steps planned by then (the
+    last one ends at 0.050), B's prefill runs beside A's 6th token (0.050-0.054) and A's
+    other 4 steps end at 0.054 + 0.040 = 0.094. The run's old end at 0.100 then finds the
+    instance idle; it crashed the engine (an empty in-flight queue) before it was ignored."""
+    import lmsim.engine.simulation as simulation_module
+    from lmsim.profile.base import LinearCostModel
+
+    class CheaperWhenTwo(LinearCostModel):
+        def step_time(self, prefill_chunks, num_decodes, decode_context_tokens):
+            return 0.010 if num_decodes + len(prefill_chunks) == 1 else 0.004
+
+        def decode_run_times(self, num_decodes, first_context_tokens, num_steps):
+            return np.full(num_steps, 0.010 if num_decodes == 1 else 0.004)
+
+    monkeypatch.setattr(simulation_module, "load_cost_model", lambda spec: CheaperWhenTwo(step_base_s=0.010))
+    trace = make_trace([0.0, 0.045], [16, 16], [10, 1])
+    # the invariant checks hold steps to "a request alone is the cheapest", which this model breaks
+    config = make_config(simulation={"check": False})
+    records = Simulation(config, trace).run().requests.set_index("request_id")
+    assert records.loc[1, "finished_at"] == pytest.approx(0.054)
+    assert records.loc[0, "finished_at"] == pytest.approx(0.094)

@@ -492,15 +492,15 @@ class Instance:
             self._schedule_due(newest)
 
     def _step_end(self, event: simpy.Event) -> None:
-        oldest = self._inflight[0]
-        if event is not oldest.event:
-            return  # superseded by a truncation
+        inflight = self._inflight
+        if not inflight or event is not inflight[0].event:
+            return  # superseded by a truncation (the truncated run may be over and the instance idle)
+        oldest = inflight[0]
         plan = oldest.plan
         now = self.env.now
         outcome = self.scheduler.commit(plan, now)
         if plan.num_decodes or oldest.long_gaps:
             self._record_step_gaps(oldest, plan.num_steps)
-        inflight = self._inflight
         inflight.popleft()
         self.num_steps += plan.num_steps
         self.num_events += 1
