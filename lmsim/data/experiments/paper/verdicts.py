@@ -128,6 +128,8 @@ def fmt(x: float, digits: int = 3) -> str:
         return "n/a"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
+    if 0 < abs(x) < 1e-3:  # e.g. the oracle's median prediction error: float noise, not digits
+        return f"{x:.0e}"
     return f"{x:.{max(0, digits - 1 - math.floor(math.log10(abs(x))))}f}" if x else "0"
 
 
@@ -700,7 +702,8 @@ VERDICT_KEYS = ("/best_", "_verdict", "/lmetric_best_", "/gap_rises_", "fig11/co
 def changed_verdicts(before: Numbers, after: Numbers, labels: tuple[str, str] = ("before", "after")) -> list[str]:
     """The verdict keys (VERDICT_KEYS) both rounds hold whose value differs, first in a
     list of their own so a reader sees what flipped before the full table."""
-    keys = [k for k in sorted(set(before) & set(after)) if any(m in k for m in VERDICT_KEYS)]
+    keys = [k for k in sorted(set(before) & set(after))
+            if any(m in k for m in VERDICT_KEYS) and not k.endswith(("_ms", "_pct"))]  # fmt: skip
     flipped = [k for k in keys if before[k] != after[k]]
     out = [f"## Verdicts that differ, {labels[0]} -> {labels[1]} ({len(flipped)} of {len(keys)})", ""]
     out += [f"- {k}: {before[k]} -> {after[k]}" for k in flipped]
