@@ -3,17 +3,16 @@ arrival times the default runs replayed, and the claims' numbers under both."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from test_paper_verdicts import paper_script
 from test_sweep import tiny_experiment, write_experiment
 
 from lmsim.config import validate
-from lmsim.data import EXPERIMENTS_DIR
 from lmsim.study.capacity import Capacity, CapacitySearch, cache_key, remember_capacities
 from lmsim.study.execute import run_sweep
 from lmsim.study.experiment import capacity_seed_config, generated_trace, workload_identity
@@ -24,10 +23,7 @@ CAPACITY = 7.0  # req/s: given, not searched (a search would take longer than th
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("engine_compare", EXPERIMENTS_DIR / "paper" / "engine_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paper_script("engine_compare")
 
 
 @pytest.fixture(scope="module")

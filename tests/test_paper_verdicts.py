@@ -16,11 +16,16 @@ from lmsim.study.execute import run_sweep
 from lmsim.study.index import read_index
 
 
-def _verdicts():
-    spec = importlib.util.spec_from_file_location("paper_verdicts", EXPERIMENTS_DIR / "paper" / "verdicts.py")
+def paper_script(name: str):
+    """A script of experiments/paper (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"paper_{name}", EXPERIMENTS_DIR / "paper" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _verdicts():
+    return paper_script("verdicts")
 
 
 @pytest.fixture(scope="module")
