@@ -185,3 +185,55 @@ def test_latency_axes_switch_to_seconds_and_share_a_scale_type_per_column(tiny_s
         assert len({ax.get_xscale() for ax in column}) == 1
     assert all(t.get_fontsize() == 9 for ax in rows[:, -1] for t in ax.get_legend().get_texts())
     plt.close(fig)
+
+
+def test_llmd_is_named_oracle_or_deployed_by_its_estimator() -> None:
+    """Issue 27: the exact estimator (the default) is "llm-d (oracle)", noise_rel 0.12 (the
+    seed's Figure 16) "llm-d (deployed)"; the names say noise_rel, so labels leave it out.
+    Any other estimator keeps the policy name and its params."""
+    from lmsim.policies.predictive import DEPLOYED_NOISE_REL
+    from lmsim.viz.titles import policy_words
+
+    noise = "router.params.noise_rel"
+    assert DEPLOYED_NOISE_REL == 0.12
+    assert policy_words("llmd", {})[0] == "llm-d (oracle)"
+    assert policy_words("llmd", {noise: 0})[0] == "llm-d (oracle)"
+    name, said = policy_words("llmd", {noise: 0.12})
+    assert name == "llm-d (deployed)" and noise in said
+    assert policy_words("llmd", {noise: 0.2}) == ("llmd", set())
+    assert policy_words("llmd", {"router.params.estimator_profile": "h20/qwen2-7b"}) == ("llmd", set())
+    assert policy_words("llmd", {noise: 0.12, "router.params.in_flight_step": False}) == ("llmd", set())
+    assert policy_words("vllm", {}) == ("vllm", set())
+
+
+def test_llmd_deployed_and_oracle_share_a_colour_not_a_line(tmp_path: Path) -> None:
+    """Figures 22/23's layout: llm-d's oracle at seed 0, llm-d as deployed at seeds 0 and 1,
+    and noise_rel 0.2. The deployed line is the mean of its two seeds (and says so), in
+    llm-d's colour like the oracle's, solid where the oracle's is dashed (label order); a
+    parameter plot over noise_rel draws the three as points of one llmd line."""
+    from matplotlib.colors import to_hex
+
+    from lmsim.viz.figures import plot_cdf, plot_param
+    from lmsim.viz.runs import RunSet
+    from lmsim.viz.style import policy_style
+
+    raw = tiny_experiment(
+        sweep={"router.policy": ["vllm", "llmd", "llmd", "llmd", "llmd"],
+               "router.params.noise_rel": [None, 0.0, 0.12, 0.12, 0.2], "seed": [0, 0, 0, 1, 0]},
+        zip=[["router.policy", "router.params.noise_rel", "seed"]],
+    )  # fmt: skip
+    raw["workload"]["generator"]["params"]["duration_s"] = 8
+    exp = write_experiment(tmp_path / "exp.yaml", raw)
+    assert run_sweep(exp, out=tmp_path / "s", jobs=1, progress=False).exit_code == 0
+    data = RunSet(tmp_path / "s")
+    labels = sorted({data.series_label(row) for _, row in data.index.iterrows()})
+    assert labels == ["llm-d (deployed)", "llm-d (oracle)", "llmd, noise_rel=0.2", "vllm"]
+    ax = plot_cdf(data).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"vllm", "llm-d (deployed), 2 seeds", "llm-d (oracle)", "llmd, noise_rel=0.2"}
+    deployed, oracle = lines["llm-d (deployed), 2 seeds"], lines["llm-d (oracle)"]
+    assert to_hex(deployed.get_color()) == to_hex(oracle.get_color()) == policy_style("llmd").color
+    assert (deployed.get_linestyle(), oracle.get_linestyle()) == ("-", "--")
+    ax = plot_param(data, "router.params.noise_rel").axes[0]
+    (llmd,) = [line for line in ax.get_lines() if line.get_label().startswith("llmd")]
+    assert list(llmd.get_xdata()) == [0.0, 0.12, 0.2]

@@ -68,14 +68,13 @@ def _finished(requests: pd.DataFrame) -> pd.DataFrame:
 def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, Any]]:
     """Series label -> (colour, marker, linestyle): the policy's colour and marker, and a
     distinct linestyle for each variant of one policy drawn in the same panels (`frame`:
-    e.g. two lambdas); one variant per panel (a per-trace tuned lambda) stays solid."""
+    e.g. two lambdas, llm-d deployed and oracle), in label order so a variant's line does
+    not depend on where the experiment lists it; one variant per panel (a per-trace tuned
+    lambda) stays solid."""
     styles: dict[str, tuple[str, str, Any]] = {}
     variants: dict[str, int] = {}
-    for _, row in frame.iterrows():
-        label = data.series_label(row)
-        if label in styles:
-            continue
-        policy = data.policy(row)
+    for label, runs in _series(data, frame):
+        policy = data.policy(runs.iloc[0])
         n = variants.get(policy, 0)
         variants[policy] = n + 1
         style = policy_style(policy)
@@ -96,6 +95,21 @@ def _series(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]
         return (order.index(policy) if policy in order else len(order), item[0])
 
     return sorted(groups, key=rank)
+
+
+def _seed_counts(data: RunSet, frame: pd.DataFrame) -> dict[str, int]:
+    """Series label -> how many seeds its points average (1 without a seed sweep)."""
+    if not data.has_seeds():
+        return {label: 1 for label, _ in _series(data, frame)}
+    seeds = as_text(frame[SEED_KEY])
+    return {label: int(seeds[runs.index].nunique()) for label, runs in _series(data, frame)}
+
+
+def _legend_label(label: str, counts: dict[str, int]) -> str:
+    """The series label, plus its number of seeds when the panel's series do not all
+    average the same number (the study repeats llm-d as deployed and LMetric only)."""
+    n = counts.get(label, 1)
+    return f"{label}, {n} seeds" if n > 1 and len(set(counts.values())) > 1 else label
 
 
 QUANTILES = np.linspace(0.0, 1.0, 201)
@@ -152,6 +166,7 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
     panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
+        counts = _seed_counts(data, frame)
         for column, (ax, (metric, name)) in enumerate(zip(row_axes, metrics)):
             plotted = []
             for label, runs in _series(data, frame):
@@ -159,7 +174,7 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
                 if not len(x):
                     continue
                 color, _, ls = styles[label]
-                ax.plot(x, y, color=color, ls=ls, lw=1.4, label=label)
+                ax.plot(x, y, color=color, ls=ls, lw=1.4, label=_legend_label(label, counts))
                 if half is not None:
                     ax.fill_betweenx(y, np.maximum(x - half, 0.0), x + half, color=color, alpha=0.2, lw=0)
                 plotted.append(x)
@@ -206,6 +221,7 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
     panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
+        counts = _seed_counts(data, frame)
         for column, (ax, (metric, name)) in enumerate(zip(row_axes, _LATENCY_PANELS)):
             plotted = []
             for label, lines in _series(data, frame):
@@ -218,7 +234,7 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
                     ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
                     plotted.append(np.array([level]))
                     continue
-                plotted.append(_mean_line(ax, stats, styles[label], label))
+                plotted.append(_mean_line(ax, stats, styles[label], _legend_label(label, counts)))
             panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
@@ -324,6 +340,8 @@ def plot_error(data: RunSet) -> plt.Figure:
         err = np.maximum(err, ERROR_FLOOR)
         row = rows.loc[run]
         label = data.series_label(row)
+        if data.has_seeds():  # one line per run: say which draw
+            label += f", seed {data.configs[run].get(SEED_KEY, 0)}"
         if facets:
             label += " · " + data.title(data.index[data.index["run"] == run])
         style = policy_style(data.policy(row))

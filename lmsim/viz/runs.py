@@ -21,7 +21,7 @@ from lmsim.errors import LmsimError
 from lmsim.study.expand import format_value
 from lmsim.study.index import INDEX_FILE, RATE_KEYS, SPEC_FILE, _offered_rate, read_index
 from lmsim.study.rundir import COMPLETE_MARKER, is_complete
-from lmsim.viz.titles import load_words, model_words, trace_words
+from lmsim.viz.titles import load_words, model_words, policy_words, trace_words
 
 # Config fields that name or place a run, or only check it: they never distinguish results.
 IGNORED_KEYS = ("name", "description", "output.dir", "output.figures", "simulation.check", "sweep", "zip")
@@ -214,12 +214,17 @@ class RunSet:
         return bool(self.varying([SEED_KEY]))
 
     def series_label(self, row: pd.Series) -> str:
-        """The policy and every varying router key (the legend names each)."""
-        label = str(row.get("policy", row.get("router.policy", "run")))
+        """The policy (or the name of its variant, `titles.policy_words`: "llm-d (deployed)")
+        and every other varying router key (the legend names each)."""
         config = self.configs.get(row["run"], {})
+        label, named = policy_words(self.policy(row), config)
+        if any(k in self.index and k not in self.keys for k in named):
+            # a key the name says is the plotted axis (a param plot over noise_rel): the
+            # variants are points of one line, not lines of their own
+            label, named = self.policy(row), set()
         for k in self.varying(self.series_keys()):
-            if k.startswith(_SHAPE_KEYS):
-                continue  # how a disaggregated cluster is laid out, not what tells its lines apart
+            if k.startswith(_SHAPE_KEYS) or k in named:
+                continue  # how a disaggregated cluster is laid out, or what the name says
             value = config.get(k, row.get(k))  # the config keeps 2 an int where the index has 2.0
             if k != "router.policy" and value is not None and not (isinstance(value, float) and np.isnan(value)):
                 label += f", {short_key(k)}={fmt(value)}"

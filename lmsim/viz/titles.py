@@ -1,11 +1,17 @@
 """Titles in words, from a run's flattened config (`workload.load` -> "load 50% of
-capacity"): what figures, reports and a run's own CDF call a trace, a model and a load."""
+capacity"): what figures, reports and a run's own CDF call a trace, a model, a load and a
+policy variant that has a name of its own (llm-d as deployed vs its oracle)."""
 
 from __future__ import annotations
 
+import inspect
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lmsim.policies import POLICIES
+from lmsim.policies.predictive import DEPLOYED_NOISE_REL
 
 TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
                "hotspot": "Hotspot", "conversation": "Conversation"}  # fmt: skip
@@ -37,3 +43,47 @@ def load_words(config: dict[str, Any]) -> str | None:
     if config.get("workload.time_scale") is not None:
         return f"time scale ×{float(config['workload.time_scale']):g}"
     return None
+
+
+@dataclass(frozen=True)
+class NamedVariant:
+    """A policy configured as the study means something by: `name` labels the runs whose
+    router params equal `params` (an unset param counts as the policy's default)."""
+
+    name: str
+    params: dict[str, Any]
+
+
+# llm-d's exact estimator replays lmsim's own engine, which no deployment has (issue 27): its
+# figures say so, and name the Figure 16 error "deployed". Other estimator settings (the
+# untuned profile of Figure 15, other noise levels) keep the policy name and their params.
+_LLMD_EXACT = {"estimator_profile": None, "in_flight_step": True}
+NAMED_VARIANTS: dict[str, tuple[NamedVariant, ...]] = {
+    "llmd": (
+        NamedVariant("llm-d (oracle)", {**_LLMD_EXACT, "noise_rel": 0.0}),
+        NamedVariant("llm-d (deployed)", {**_LLMD_EXACT, "noise_rel": DEPLOYED_NOISE_REL}),
+    ),
+}
+ROUTER_PARAMS = "router.params."
+
+
+def _default(policy: str, param: str) -> Any:
+    parameter = POLICIES.parameters(policy).get(param)
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def policy_words(policy: str, config: dict[str, Any]) -> tuple[str, set[str]]:
+    """(name, keys): what a figure or table calls this run's policy, and the config keys
+    that name already says (left out of the label). A named variant of the policy
+    (`NAMED_VARIANTS`) by its name; any other run by the registered policy name."""
+    for variant in NAMED_VARIANTS.get(policy, ()):
+        values = {p: config.get(ROUTER_PARAMS + p, _default(policy, p)) for p in variant.params}
+        if all(_same(values[p], v) for p, v in variant.params.items()):
+            return variant.name, {ROUTER_PARAMS + p for p in variant.params}
+    return policy, set()

@@ -14,6 +14,7 @@ import pandas as pd
 
 from lmsim.study.index import read_index
 from lmsim.study.replicates import paired, relative_difference
+from lmsim.viz.titles import policy_words
 
 TRACES = ("chatbot", "agent", "toolagent", "coder")
 LMETRIC = {  # variant label -> (bs_plus_one, p_token)
@@ -23,6 +24,8 @@ LMETRIC = {  # variant label -> (bs_plus_one, p_token)
     "no +1, request": (False, "request"),
 }
 BASELINES = ("vllm", "bailian", "dynamo", "llmd", "llmd_deployed")
+# What the figures call llm-d's two estimators (lmsim.viz.titles.NAMED_VARIANTS, issue 27)
+BASELINE_NAMES = {"llmd": "llm-d (oracle)", "llmd_deployed": "llm-d (deployed)"}
 GEN, LOAD, POL = "workload.generator.name", "workload.load", "router.policy"
 
 
@@ -63,7 +66,7 @@ def choices_tables(frame: pd.DataFrame) -> list[str]:
                     t = paired(frame, "ttft_s_mean", lmetric_arm(v), {POL: base}, where)
                     p = paired(frame, "tpot_s_mean", lmetric_arm(v), {POL: base}, where)
                     cells.append(f"{t}; {p}")
-                out.append(f"| {trace} | {load} | {base} | " + " | ".join(cells) + " |")
+                out.append(f"| {trace} | {load} | {BASELINE_NAMES.get(base, base)} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -155,11 +158,13 @@ def main(root: Path) -> None:
     frame = _load(root, "llmd_noise")
     if frame is not None:
         def arm(r: pd.Series) -> str:
+            noise = r.get("router.params.noise_rel")
+            if pd.notna(noise):
+                name = policy_words(r[POL], {"router.params.noise_rel": float(noise)})[0]
+                return name if name != r[POL] else f"{name} noise_rel={noise}"
             text = r[POL]
             if pd.notna(r.get("router.params.bs_plus_one")):
                 text += f" bs_plus_one={bool(r['router.params.bs_plus_one'])}"
-            if pd.notna(r.get("router.params.noise_rel")):
-                text += f" noise_rel={r['router.params.noise_rel']}"
             return text
 
         frame = frame.assign(arm=frame.apply(arm, axis=1))
