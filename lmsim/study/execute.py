@@ -420,8 +420,8 @@ def run_sweep(
 
     Finished runs are never silently discarded: the output directory is chosen as
     `_sweep_directory` says, and with `overwrite` the runs this experiment would make
-    differently are rerun and the earlier points it no longer gives removed. Points of an
-    earlier, longer sweep of the same configuration stay in the index.
+    differently are rerun and every point it no longer gives is removed. Without it, points of
+    an earlier, longer sweep of the same configuration stay in the index.
 
     `on_result` sees each finished run's result (name, ok, error) after it is recorded; it
     exists for callers that want to stop early (raising KeyboardInterrupt stops the sweep
@@ -462,6 +462,16 @@ def run_sweep(
                 if name not in current:  # --overwrite: a point this experiment no longer has
                     shutil.rmtree(out_dir / name)
                     outcome.removed.append(name)
+            if overwrite:
+                # --overwrite makes the folder exactly this sweep: a point an earlier sweep of the
+                # same base config ran and this one no longer has (a shortened axis, or a zipped
+                # value changed beside a value still swept) would otherwise stay in the index
+                # and be averaged with this sweep's runs in figures and tables
+                for p in survey.earlier:
+                    shutil.rmtree(out_dir / p.name)
+                    outcome.removed.append(p.name)
+                survey.earlier.clear()
+                outcome.earlier.clear()
             todo = []
             for p in points:
                 run_dir = out_dir / p.name
