@@ -38,14 +38,16 @@ What the engines do, and what this models (sources in /work/notes/peer_research.
 
 Defaults and why. write-through is what vLLM's OffloadingConnector, LMCache, SGLang's default
 `write_through`, KVBM and the mocker all do; only SGLang's `write_back` waits for eviction.
-Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml; first-admission
-host hit ratio, write-through / on-eviction): 0.026 / 0.086 with 25 GB of host memory per
-instance (0.9x the GPU's KV), 0.111 / 0.113 with 50 GB, 0.131 / 0.111 with 100 GB and more
-(mean TTFT 14.5 / 15.8 s). A tier no larger than the GPU is better used exclusively (on
-eviction it holds only what the GPU lost, write-through fills it with copies of what the GPU
-still has); a larger one is better filled early (a block is below as soon as it is computed,
-not a copy-time after the GPU drops it). The tiers deployments use, hundreds of GB per
-instance, are in the second regime: write-through is the default. `before_admission` is
+Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml, refitted cost model
+of issue 23; first-admission host hit ratio, write-through / on-eviction): 0.019 / 0.078 with
+25 GB of host memory per instance (0.9x the GPU's KV), 0.110 / 0.118 with 50 GB, 0.116 / 0.116
+with 100 GB and more (mean TTFT 15.3 / 15.5 s, one seed; write-through copies 38% more). A tier
+up to about twice the GPU's KV is better used exclusively (on eviction it holds only what the
+GPU lost, write-through fills it with copies of what the GPU still has); a larger one holds
+what is reused either way. (Before the refit write-through won from 3.6x up, 0.131 / 0.111:
+a block is below as soon as it is computed, not a copy-time after the GPU drops it.) The tiers
+deployments use, hundreds of GB per instance, are in the tie regime, so the measurement
+favours neither there and write-through is the default because the engines do it. `before_admission` is
 vLLM's and the mocker's; LMCache's synchronous load stalls the batch.
 Default bandwidths (`TIER_DEFAULTS`): host 32e9 B/s each way, no first-byte latency (the
 mocker's `native_host_offload` defaults, PCIe Gen4 x16 peak); disk 10e9 B/s and 0.1 ms (its

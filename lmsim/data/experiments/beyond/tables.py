@@ -72,6 +72,44 @@ def ranking_table(colocated: pd.DataFrame, disagg: pd.DataFrame) -> list[str]:
     return [*out, "", "Mean-TTFT order (best first):", "", *verdicts]
 
 
+def busiest_prefill_queue(root: Path, name: str, row: pd.Series) -> float:
+    """Mean number of waiting requests on the prefill instance that waits most (the prefill pool
+    is pools.0, so its instances are ids 0..P-1), from the run's sampled instance states."""
+    states = pd.read_parquet(root / name / row.run / "instances.parquet")
+    prefill = states[states.instance_id < int(row["cluster.pools.0.num_instances"])]
+    return float(prefill.groupby("instance_id").num_waiting.mean().max())
+
+
+def decode_table(root: Path, colocated: pd.DataFrame, split: pd.DataFrame, disagg: pd.DataFrame) -> list[str]:
+    """The decode side and the KV transfer: the TPOT tail, preemptions, pool busy fractions,
+    the transfer's mean time and size, llm-d's local-prefill bypass and the deepest prefill queue."""
+    out = ["## Decode side and KV transfer", "",
+           "| trace | cluster | router | mean TPOT ms | p99 TPOT ms | preemptions | busy prefill / decode "
+           "| KV transfer ms | KV transfer MB | prefilled on decode | waiting, busiest prefill instance |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def line(trace: str, cluster: str, row: pd.Series, name: str | None, router: str) -> str:
+        tpot = f"{1000 * row.tpot_s_mean:.1f} | {1000 * row.tpot_s_p99:.1f} | {int(row.num_preemptions)}"
+        if name is None:
+            return f"| {trace} | {cluster} | {router} | {tpot} | - | - | - | - | - |"
+        return (f"| {trace} | {cluster} | {router} | {tpot} | "
+                f"{row.busy_fraction_prefill:.2f} / {row.busy_fraction_decode:.2f} | "
+                f"{1000 * row.kv_transfer_s_mean:.1f} | {row.kv_transfer_bytes_mean / 1e6:,.0f} | "
+                f"{int(row.num_prefilled_on_decode)} | {busiest_prefill_queue(root, name, row):.1f} |")
+
+    for trace in TRACES:
+        for _, row in colocated[colocated.trace == trace].sort_values("ttft_s_mean").iterrows():
+            out.append(line(trace, "colocated 16", row, None, router_label(row)))
+        for _, row in split[split.trace == trace].sort_values("cluster.pools.0.num_instances").iterrows():
+            p = int(row["cluster.pools.0.num_instances"])
+            out.append(line(trace, f"{p}P:{16 - p}D", row, "split", "pd (prefill vllm)"))
+        routers = disagg[disagg.trace == trace].sort_values("ttft_s_mean")
+        for _, row in routers[routers.apply(router_label, axis=1) != "pd (prefill vllm)"].iterrows():  # a split row
+            p = int(row["cluster.pools.0.num_instances"])
+            out.append(line(trace, f"{p}P:{16 - p}D", row, "routers_disaggregated", router_label(row)))
+    return out
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1] if len(argv) > 1 else "runs/beyond")
     colocated = load(root, "routers_colocated")
@@ -79,7 +117,8 @@ def main(argv: list[str]) -> int:
     disagg = load(root, "routers_disaggregated")
     lines = ["# experiments/beyond: results", "",
              "Written by `experiments/beyond/run.sh` (`tables.py`) from the saved sweeps; see README.md there.", "",
-             *split_table(colocated, split), "", *ranking_table(colocated, disagg), ""]
+             *split_table(colocated, split), "", *ranking_table(colocated, disagg), "",
+             *decode_table(root, colocated, split, disagg), ""]
     print("\n".join(lines))
     return 0
 
