@@ -3,7 +3,7 @@
     python benchmarks/against_dynamo.py [--trace JSONL] [--peer-python PATH] [--repeats 3]
 
 Run it with the project's Python (lmsim importable). Dynamo runs in a separate interpreter,
-`--peer-python` (default `$LMSIM_PEER_DYNAMO_PYTHON` or /work/venvs/peer-dynamo/bin/python),
+`--peer-python` (default `$LMSIM_PEER_DYNAMO_PYTHON` or ../venvs/peer-dynamo/bin/python beside the checkout),
 where `ai-dynamo-runtime==1.6.1` and `ai-dynamo==1.6.1 --no-deps` are installed; this script
 installs nothing and touches no network. When that interpreter cannot import
 `dynamo.replay`, only lmsim is timed.
@@ -54,8 +54,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_TRACE = "/work/shared/traces/mooncake/conversation_trace.first40min.jsonl"
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", "/work/venvs/peer-dynamo/bin/python")
+# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
+BESIDE = Path(__file__).resolve().parents[1].parent
+DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
+DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
 PAIRS = (("round_robin", "round_robin"), ("kv_router", "dynamo"))
 SPEED_PROFILE = "h20/qwen3-30b-a3b"
 OUTPUTS_PROFILE = "h100/qwen2-7b"  # step times close to the mocker's default model

@@ -4,7 +4,7 @@
         [--trace JSONL] [--peer-python PATH] [--outputs-hit] [--decode-choice at_arrival]
 
 Run it with the project's Python (lmsim importable). Dynamo runs in a separate interpreter,
-`--peer-python` (default `$LMSIM_PEER_DYNAMO_PYTHON` or /work/venvs/peer-dynamo/bin/python,
+`--peer-python` (default `$LMSIM_PEER_DYNAMO_PYTHON` or ../venvs/peer-dynamo/bin/python beside the checkout,
 `ai-dynamo` 1.6.1, whose offline replay is AISimulate 0.13); this script installs nothing.
 
 Both replay the same Mooncake file (default: the Kimi conversation trace, first 40 minutes;
@@ -39,8 +39,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_TRACE = "/work/shared/traces/mooncake/conversation_trace.first40min.jsonl"
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", "/work/venvs/peer-dynamo/bin/python")
+# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
+BESIDE = Path(__file__).resolve().parents[1].parent
+DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
+DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
 
 # Runs inside the peer interpreter: writes the summary and per-request records as JSON.
 DYNAMO_CHILD = r"""

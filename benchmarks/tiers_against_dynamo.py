@@ -7,7 +7,7 @@ ratios at first admission and mean TTFT on the same Mooncake trace and cluster.
 
 Run it with the project's Python (lmsim importable). The mocker (ai-dynamo 1.6.1 =
 AISimulate 0.13, `dynamo.replay.run_trace_replay`) runs in `--peer-python` (default
-`$LMSIM_PEER_DYNAMO_PYTHON` or /work/venvs/peer-dynamo/bin/python); nothing is installed.
+`$LMSIM_PEER_DYNAMO_PYTHON` or ../venvs/peer-dynamo/bin/python beside the checkout); nothing is installed.
 Both read the first `--limit` rows of the Kimi conversation trace (copied to a temporary
 file, removed afterwards).
 
@@ -56,8 +56,10 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_TRACE = "/work/shared/traces/mooncake/conversation_trace.first40min.jsonl"
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", "/work/venvs/peer-dynamo/bin/python")
+# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
+BESIDE = Path(__file__).resolve().parents[1].parent
+DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
+DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
 KV_BYTES_PER_TOKEN = 98_304
 HOST_BYTES_S = 32e9  # the mocker's d2h/h2d_bandwidth_gbps default, GB/s (decimal)
 DISK_BYTES_S, DISK_LATENCY_S = 10e9, 1e-4  # its g3_offload defaults

@@ -34,9 +34,9 @@ from lmsim.workload.text_tokens import PIECE, estimate_tokens
 ROOT = Path(__file__).resolve().parents[1]
 CJK_DIRS = sorted(glob.glob("/usr/lib/python3*/test/cjkencodings") + glob.glob("/root/.pyenv/versions/*/lib/python3*/test/cjkencodings"))
 SOURCES = {
-    "prose": [ROOT.parent / "shared/seed/000_11428ae48a3bab77.txt", Path("/work/shared/seed/000_11428ae48a3bab77.txt"),
+    "prose": [ROOT.parent / "shared/seed/000_11428ae48a3bab77.txt",
               Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")],
-    "markdown": [Path(p) for p in sorted(glob.glob("/work/shared/docs/*.md"))] + [ROOT / "README.md"],
+    "markdown": [Path(p) for p in sorted(glob.glob(str(ROOT.parent / "shared/docs/*.md")))] + [ROOT / "README.md"],
     "code": [Path(p) for p in sorted(glob.glob(str(ROOT / "lmsim/engine/*.py")))] + [Path("/usr/include/stdio.h")],
     "cjk": [Path(CJK_DIRS[-1]) / f"{n}-utf8.txt" for n in ("gb2312", "gbk", "big5", "euc_jp", "cp949")] if CJK_DIRS else [],
 }  # fmt: skip

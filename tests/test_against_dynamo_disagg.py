@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "against_dynamo_disagg.py"
-TRACE = Path("/work/shared/traces/mooncake/conversation_trace.first40min.jsonl")
+TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake/conversation_trace.first40min.jsonl"
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="needs the shared Kimi conversation trace")

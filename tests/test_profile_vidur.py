@@ -27,7 +27,7 @@ from lmsim.profile.tables import (
 from lmsim.profile.vidur import import_vidur
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vidur"
-PEER = Path("/work/shared/peers/vidur/profiling")
+PEER = Path(__file__).resolve().parents[2] / "shared/peers/vidur/profiling"
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -2,7 +2,7 @@
 (lmsim.engine.connector) that keeps blocks the GPU computed and loads them back instead of
 recomputing them.
 
-What the engines do, and what this models (sources in /work/notes/peer_research.md):
+What the engines do, and what this models (each source named where it is used):
 
 * **Tiers.** Host memory (vLLM `OffloadingConnector`'s CPU tier, LMCache `local_cpu`, SGLang
   HiCache's host pool, Dynamo KVBM G2) and optionally a local disk below it (LMCache
