@@ -259,3 +259,27 @@ def test_fused_moe_streams_expert_weights_at_its_own_efficiency():
     assert float(own) * 1e6 == pytest.approx(8 * params * 2 / (2.039e12 * 0.5) * 1e6, rel=1e-9)
     assert float(own) * 1e6 == pytest.approx(74.05, rel=1e-3)
     assert float(dense) * 1e6 == pytest.approx(46.28, rel=1e-3)
+
+
+def test_a_borrowed_moe_group_keeps_the_exponent_it_was_fitted_with():
+    """L40S has no memory-bound fused_moe fit rows, so it borrows A100's MoE constants; it
+    borrows the roofline exponent they were fitted with (A100's n) too, not its own GEMMs'.
+    The same one token on A100 as above, with the smooth roofline: read 75.50e6 / (2.039e12 x
+    0.5) = 74.05 us against a compute of about 11 us: the knee gives 74.05; the smooth form adds
+    more the smaller n is, and with moe_roofline_n set the GPU's roofline_n no longer matters."""
+    from dataclasses import replace
+
+    from lmsim.profile.analytic import Kernels
+
+    l40s, a100 = load_gpu("l40s").efficiency, load_gpu("a100").efficiency
+    assert l40s["moe_roofline_n"] == a100["roofline_n"] != l40s["roofline_n"]
+    gpu = load_gpu("a100")
+    base = replace(efficiency_for(gpu), moe_launch_s=0.0, moe_stream_eff=0.5, moe_mfu=0.36, moe_half_rows=1.0)
+    params = 3 * 2048 * 768
+    knee = Kernels(gpu, replace(base, roofline_n=None)).moe(np.array(1.0), 128, 8, params)
+    assert float(knee) * 1e6 == pytest.approx(74.05, rel=1e-3)  # the read dominates the knee
+    own_n = Kernels(gpu, replace(base, roofline_n=9.0, moe_roofline_n=2.0)).moe(np.array(1.0), 128, 8, params)
+    gpu_n = Kernels(gpu, replace(base, roofline_n=2.0, moe_roofline_n=None)).moe(np.array(1.0), 128, 8, params)
+    assert float(own_n) == float(gpu_n)
+    steep = Kernels(gpu, replace(base, roofline_n=9.0, moe_roofline_n=None)).moe(np.array(1.0), 128, 8, params)
+    assert float(knee) < float(steep) < float(own_n)  # n = 9 is nearly the knee; n = 2 adds more

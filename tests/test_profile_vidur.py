@@ -211,8 +211,9 @@ def test_fit_can_start_from_model_dimensions_and_gpu_facts(tmp_path):
 
     from lmsim.cli.profile import cmd_fit
 
-    truth = tiny()  # any table model works as ground truth; this one is hand-checkable
-    truth = load_table_profile("a100/llama-2-70b-tp2") if PEER.is_dir() else truth
+    if not PEER.is_dir():  # the tiny fixture is no Llama-2-70B: the spec below cannot fit it
+        pytest.skip("needs ../shared/peers/vidur beside the checkout")
+    truth = load_table_profile("a100/llama-2-70b-tp2")
     rows = synthetic_steps(truth, 1500, np.random.default_rng(1), 0.02)
     rows = [r for r in rows if r[0] <= 512 and r[1] <= 3500 and r[2] <= 128 and r[3] <= r[2] * 4000]
     csv_path = write_csv(tmp_path / "steps.csv", rows)

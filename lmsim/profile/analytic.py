@@ -107,6 +107,13 @@ class Efficiency:
     # run 256 tokens of Qwen3-30B-A3B (all 128 experts touched, 1.2 GB) at 1.05 ms on A100
     # and 2.50 ms on L40S, 0.57 and 0.56 of their HBM bandwidth.
     moe_stream_eff: float | None = None
+    # The roofline exponent the MoE constants were fitted with (None: roofline_n). A GPU that
+    # borrows its MoE constants from another (too few kernel rows of its own) borrows the
+    # exponent they were fitted with too: the stream efficiency and the exponent trade off
+    # against each other near the ridge (A100's fit: n 2.14 with 0.75; L40S's GEMMs alone
+    # fit n 4.16), so pairing one GPU's efficiency with another's exponent prices L40S's
+    # memory-bound fused_moe (256-1,024 tokens) 27% fast instead of 17-23%.
+    moe_roofline_n: float | None = None
     # prefill attention
     mfu_attn: tuple[tuple[float, float], ...] = (
         (128, 0.30), (1024, 0.52), (2048, 0.70), (4096, 0.80), (8192, 0.86),
@@ -310,7 +317,7 @@ class Kernels:
         compute = 2.0 * rows * expert_params / (self.peak(fp8) * mfu)
         stream = ef.weight_stream_eff if ef.moe_stream_eff is None else ef.moe_stream_eff
         memory = e_act * expert_params * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * stream)
-        return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n)
+        return ef.moe_launch_s + roofline(compute, memory, ef.roofline_n if ef.moe_roofline_n is None else ef.moe_roofline_n)
 
     # -- attention ------------------------------------------------------------------------------
     def attn_mfu(self, q: np.ndarray, kv_len: np.ndarray) -> np.ndarray:

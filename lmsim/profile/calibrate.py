@@ -235,18 +235,22 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
             if donor is None:
                 continue
             g = fits[donor][group]
+            lent = dict(g.values)
+            donor_n = fits[donor].get("gemm", GroupFit(donor, "gemm", 0, {}, 0.0)).values.get("roofline_n")
+            if group == "moe" and donor_n is not None:  # the exponent the lent constants were fitted with
+                lent["moe_roofline_n"] = donor_n
             kinds, dtypes = GROUPS[group]
             mine = [r for r in fit_rows if r.gpu == gpu and r.kind in kinds and r.dtype in dtypes]
             if mine:
                 # Too few rows for the group's constants: borrow the donor's and fit only the
                 # first len(rows) of them (the efficiency first) to this GPU's rows.
-                start = replace(base, **g.values)
+                start = replace(base, **lent)
                 own = fit_group(gpu, group, mine, start, smooth=smooth,
                                 only=tuple(p[0] for p in PARAMS[group][:len(mine)]))
-                fits[gpu][group] = GroupFit(gpu, group, len(mine), {**g.values, **own.values}, own.rms_log,
+                fits[gpu][group] = GroupFit(gpu, group, len(mine), {**lent, **own.values}, own.rms_log,
                                             borrowed_from=donor)
             else:
-                fits[gpu][group] = GroupFit(gpu, group, 0, dict(g.values), g.rms_log, borrowed_from=donor)
+                fits[gpu][group] = GroupFit(gpu, group, 0, lent, g.rms_log, borrowed_from=donor)
     return fits
 
 
