@@ -236,7 +236,8 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
                 continue
             g = fits[donor][group]
             lent = dict(g.values)
-            donor_n = fits[donor].get("gemm", GroupFit(donor, "gemm", 0, {}, 0.0)).values.get("roofline_n")
+            donor_gemm = fits[donor].get("gemm")
+            donor_n = donor_gemm.values.get("roofline_n") if donor_gemm is not None else None
             if group == "moe" and donor_n is not None:  # the exponent the lent constants were fitted with
                 lent["moe_roofline_n"] = donor_n
             kinds, dtypes = GROUPS[group]
