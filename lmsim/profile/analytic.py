@@ -117,7 +117,7 @@ class Efficiency:
     # borrows its MoE constants from another (too few kernel rows of its own) borrows the
     # exponent they were fitted with too: the stream efficiency and the exponent trade off
     # against each other near the ridge (A100's fit: n 2.14 with 0.75; L40S's GEMMs alone
-    # fit n 4.16), so pairing one GPU's efficiency with another's exponent prices L40S's
+    # fit n 4.2-6.8), so pairing one GPU's efficiency with another's exponent prices L40S's
     # memory-bound fused_moe (256-1,024 tokens) 27% fast instead of 17-23%.
     moe_roofline_n: float | None = None
     # prefill attention
