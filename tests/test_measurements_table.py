@@ -17,6 +17,7 @@ import ast
 import csv
 import operator
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -99,8 +100,8 @@ def test_every_row_cites_a_source_and_a_url(rows):
 
 
 def test_repository_files_are_cited_at_a_fixed_commit(rows):
-    # a file on a branch can change under the row; a blob URL at a commit cannot
-    blob = re.compile(r"https://github\.com/[^/]+/[^/]+/blob/([^/]+)/")
+    # a file on a branch can change under the row; a blob (or tree) URL at a commit cannot
+    blob = re.compile(r"https://github\.com/[^/]+/[^/]+/(?:blob|tree)/([^/]+)/")
     floating = [r["id"] for r in rows for m in [blob.match(r["url"])] if m and not re.fullmatch(r"[0-9a-f]{40}", m.group(1))]
     assert floating == []
 
@@ -150,10 +151,13 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 
 def _arith(expr: str) -> float:
-    """Evaluate + - * / over numbers only (the formulas conditions state)."""
+    """Evaluate + - * / and median(...) over numbers only (the formulas conditions state)."""
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "median"
+                and node.args and not node.keywords):
+            return statistics.median(ev(a) for a in node.args)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return float(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -162,7 +166,7 @@ def _arith(expr: str) -> float:
     return ev(ast.parse(expr, mode="eval"))
 
 
-FORMULA = re.compile(r"measured = ([0-9.()+\-*/ ]+?) (s|ms|us|tok/s)\b")
+FORMULA = re.compile(r"measured = ((?:median)?[0-9.()+\-*/, ]+?) (s|ms|us|tok/s)\b")
 
 
 def _derived(rows):
@@ -188,6 +192,10 @@ def test_formula_check_catches_a_wrong_number():
     bad = dict(good, measured="27.9")
     ((row, m),) = _derived([bad])
     assert abs(_arith(m.group(1)) - float(row["measured"])) > 1e-3
+    # a median of repeated runs (aiconfigurator's collections): the middle of three by hand
+    runs = {"id": "y", "unit": "ms", "measured": "2.08350",
+            "condition": "three runs: measured = median(2.13629, 2.0835, 1.7611) ms"}
+    assert _arith(FORMULA.search(runs["condition"]).group(1)) == pytest.approx(2.0835)
 
 
 def test_reader_rejects_a_row_with_a_missing_field(tmp_path):

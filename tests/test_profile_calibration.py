@@ -28,13 +28,13 @@ from lmsim.profile.tables import TableCostModel, load_table_profile
 
 QWEN2, QWEN3 = "h20/qwen2-7b", "h20/qwen3-30b-a3b"
 H20 = {  # lmsim/data/hardware/gpus/h20.yaml, efficiency
-    "gemm_mfu": 0.745, "weight_stream_eff": 0.6349, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
-    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.609,
-    "layer_fixed_s": 1.543e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
+    "gemm_mfu": 0.7441, "weight_stream_eff": 0.6361, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
+    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.61,
+    "layer_fixed_s": 1.533e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
 }
 # lmsim/data/hardware/engines.yaml, fitted: the host time of each engine
-ENGINE_CPU = {"vllm-v1": 0.000504, "sglang-0.4": 0.0008717}
-SGLANG_CUDA_CORE_EFF = 0.1282
+ENGINE_CPU = {"vllm-v1": 0.000496, "sglang-0.4": 0.0007221}
+SGLANG_CUDA_CORE_EFF = 0.1281
 
 
 def test_h20_constants_are_the_ones_priced_by_hand():
@@ -52,33 +52,33 @@ def test_h20_constants_are_the_ones_priced_by_hand():
 def test_qwen2_decode_step_by_hand():
     """Qwen2-7B on H20 (vLLM v1), one decode at context 1024 (28 layers, 28 q / 4 KV heads x 128):
 
-    * fixed: 28 x (layer kernels 15.43 + attention launch 23.98 us) = 1.1035 ms;
+    * fixed: 28 x (layer kernels 15.33 + attention launch 23.98 us) = 1.1007 ms;
     * dense GEMMs, W = 28 x 233.05M = 6.5254e9 parameters, M padded to 64 rows:
-      compute 2 x 6.5254e9 x 64 / (148e12 x 0.745) = 7.575 ms, weights 2 x 6.5254e9 /
-      (4e12 x 0.6349) = 5.139 ms, smooth roofline (n = 2) hypot = 9.154 ms, plus 4 x 28 GEMM
-      launches of 3 us = 0.336 ms: 9.490 ms;
-    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6327, 0.4292) + 0.003 = 0.7675 ms, sampling
-      0.1 + 0.003 ms, host (vLLM v1) 0.504 + 0.006 ms: 1.3805 ms;
+      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7441) = 7.584 ms, weights 2 x 6.5254e9 /
+      (4e12 x 0.6361) = 5.129 ms, smooth roofline (n = 2) hypot = 9.156 ms, plus 4 x 28 GEMM
+      launches of 3 us = 0.336 ms: 9.492 ms;
+    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6335, 0.4284) + 0.003 = 0.7677 ms, sampling
+      0.1 + 0.003 ms, host (vLLM v1) 0.496 + 0.006 ms: 1.3727 ms;
     * decode attention per layer: the KV read, 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8448 =
-      0.6206 us, times the engine term 1 + 3.609 / (1 x 4) = 1.9023: 1.1805 us; the compute
+      0.6206 us, times the engine term 1 + 3.61 / (1 x 4) = 1.9025: 1.1807 us; the compute
       FA3 runs with the 7-head query group padded to a 64-row tile, 4 x 4 x 64 x 128 x 1024 /
       (148e12 x 0.9475) = 0.957 us; hypot 1.520 us, x 28 = 0.0426 ms.
 
-    Total 1.1035 + 9.490 + 1.3805 + 0.0426 = 12.016 ms."""
+    Total 1.1007 + 9.492 + 1.3727 + 0.0426 = 12.008 ms."""
     m = load_table_profile(QWEN2)
     parts = m.components((), 1, 1024)
-    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.43 + 23.98) / 1e3, rel=1e-3)
-    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.575, 5.139) + 0.336, rel=2e-3)
-    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6327, 0.4292) + 0.003 + 0.103 + 0.510, rel=2e-3)
+    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.33 + 23.98) / 1e3, rel=1e-3)
+    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.584, 5.129) + 0.336, rel=2e-3)
+    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6335, 0.4284) + 0.003 + 0.103 + 0.502, rel=2e-3)
     assert parts["decode_attention"] * 1e3 == pytest.approx(
-        28 * math.hypot(0.6206 * (1 + 3.609 / 4), 0.957) / 1e3, rel=3e-3)
-    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.016, rel=2e-3)
+        28 * math.hypot(0.6206 * (1 + 3.61 / 4), 0.957) / 1e3, rel=3e-3)
+    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.008, rel=2e-3)
 
 
 def test_decode_at_long_context_batch1_is_priced_with_the_engine_term():
     """The issue's headline: batch-1 decode at 100k context. Per layer the KV read is
-    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9023 =
-    115.30 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
+    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9025 =
+    115.31 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
     hypot 148.4 us, x 28 layers = 4.156 ms on top of the 11.97 ms at no context: 16.13 ms.
     The engine reads the KV at an effective 204.8 MB x 28 / 4.156 ms = 1.38 TB/s (the bare
     FlashInfer kernel: 2.8-3.0 TB/s; SGLang 0.4.6 on H20: about 1.0-1.4, issue 23)."""
@@ -92,8 +92,8 @@ def test_sglang_long_context_decode_step_and_request_by_hand():
     """Qwen3-8B on H20 as SGLang 0.4.6 runs it (FlashInfer; GQA group 4, so the CUDA-core
     decode kernel; host work overlapped). One decode at context 65,536, per layer of 36:
     the KV read 65,536 x 8 x 128 x 4 B = 268.4 MB at 4e12 x 0.8448 = 79.43 us, times the
-    engine term 1 + 3.609 / 8 = 1.451: 115.3 us; the CUDA cores compute 4 x 32 x 128 x 65,536
-    FLOPs at 0.1282 x 44 TFLOPS: 190.4 us; hypot 222.5 us, x 36 = 8.01 ms of attention.
+    engine term 1 + 3.61 / 8 = 1.451: 115.3 us; the CUDA cores compute 4 x 32 x 128 x 65,536
+    FLOPs at 0.1281 x 44 TFLOPS: 190.5 us; hypot 222.7 us, x 36 = 8.02 ms of attention.
 
     The request the Qwen3 speed benchmark ran (63,488-token prompt, 2,048 generated; 58.89 s
     measured): 8 prefill chunks of at most 8,192 tokens, 16.59 s, then 2,047 decode steps
@@ -101,8 +101,8 @@ def test_sglang_long_context_decode_step_and_request_by_hand():
     context 64,512, 20.46 ms: 16.59 + 2,047 x 0.02046 = 58.47 s, 0.993 of the measurement."""
     model = AnalyticModel.build("h20", "qwen3-8b", 1, "sglang-0.4")
     per_layer = float(model.kernels.decode_attention(1, 65_536, 32, 8, 128, path="cuda_core")) - 2.398e-05
-    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.609 / 8), 190.4), rel=2e-3)
-    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2225, rel=3e-3)
+    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.61 / 8), 190.5), rel=2e-3)
+    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2227, rel=3e-3)
     table = TableCostModel(tabulate(model, date="-"))
     ttft = prefill_seconds(table, 63_488)
     middle = table.step_time((), 1, 63_489 + 1_023)
@@ -115,19 +115,19 @@ def test_sglang_long_context_decode_step_and_request_by_hand():
 
 def test_tiny_model_pays_the_larger_of_host_and_gpu():
     """Qwen3-0.6B on H20 under SGLang's overlap scheduler: a batch-1 decode at context 1 costs
-    max(host, GPU). Host: 0.8717 + 0.006 ms = 0.878 ms. GPU: 28 x (15.43 + 23.98) us = 1.103 ms
+    max(host, GPU). Host: 0.7221 + 0.006 ms = 0.728 ms. GPU: 28 x (15.33 + 23.98) us = 1.101 ms
     of per-layer kernels; GEMMs (0.4404e9 parameters in the layers, 64-row tile) hypot(
-    0.5113, 0.3468) + 4 x 28 x 3 us = 0.954 ms; lm_head (tied 151,936 x 1,024) hypot(0.1806,
-    0.1225) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
-    About 2.38 ms of GPU time, which hides the host's 0.88 ms. Added instead (vLLM v1 semantics)
-    the step would be 3.3 ms; the benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
+    0.5119, 0.3462) + 4 x 28 x 3 us = 0.954 ms; lm_head (tied 151,936 x 1,024) hypot(0.1808,
+    0.1223) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
+    About 2.38 ms of GPU time, which hides the host's 0.73 ms. Added instead (vLLM v1 semantics)
+    the step would be 3.1 ms; the benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
     model = AnalyticModel.build("h20", "qwen3-0.6b", 1, "sglang-0.4")
     host = float(model.host(1, 1))
-    assert host * 1e3 == pytest.approx(0.8717 + 0.006, rel=1e-3)
+    assert host * 1e3 == pytest.approx(0.7221 + 0.006, rel=1e-3)
     step = model.step_time((), 1, 1)
     gpu = step  # the GPU part wins
     assert gpu > host
-    assert step * 1e3 == pytest.approx(1.103 + math.hypot(0.5113, 0.3468) + 0.336 + math.hypot(0.1806, 0.1225)
+    assert step * 1e3 == pytest.approx(1.101 + math.hypot(0.5119, 0.3462) + 0.336 + math.hypot(0.1808, 0.1223)
                                        + 0.003 + 0.103, rel=2e-3)
     assert step * 1e3 == pytest.approx(2.42, rel=0.02)
     table = TableCostModel(tabulate(model, date="-"))
@@ -283,3 +283,40 @@ def test_a_borrowed_moe_group_keeps_the_exponent_it_was_fitted_with():
     assert float(own_n) == float(gpu_n)
     steep = Kernels(gpu, replace(base, roofline_n=9.0, moe_roofline_n=None)).moe(np.array(1.0), 128, 8, params)
     assert float(knee) < float(steep) < float(own_n)  # n = 9 is nearly the knee; n = 2 adds more
+
+
+def test_the_fp8_group_alternative_exponent_prices_and_fits():
+    """The alternative form measured and not adopted (profiles/README.md, 'Which form won'):
+    an FP8 GEMM priced with its own roofline exponent. H800, M = 512 over a 7168 x 2048 weight,
+    with no launch, MFU 0.5 and stream efficiency 0.5: compute 2 x 14.68e6 x 512 / (1979e12 x
+    0.5) = 15.19 us, weights 14.68e6 B / (3.35e12 x 0.5) = 8.764 us. n = 1 adds them: 23.95 us;
+    n = 2 takes hypot: 17.54 us; unset, the GPU's own n applies. `fit_group(extra=...)` fits it."""
+    from dataclasses import replace
+
+    from lmsim.profile.analytic import Kernels
+    from lmsim.profile.calibrate import ALTERNATIVES, PARAMS, fit_group
+    from lmsim.profile.measurements import Measurement
+
+    gpu = load_gpu("h800")
+    base = replace(efficiency_for(gpu), gemm_launch_fp8_s=0.0, gemm_mfu_fp8=0.5, weight_stream_eff_fp8=0.5)
+    w = 7168 * 2048
+    added = Kernels(gpu, replace(base, roofline_n_fp8=1.0)).gemm(np.array(512.0), w, fp8=True)
+    assert float(added) * 1e6 == pytest.approx(15.19 + 8.764, rel=1e-3)
+    hyp = Kernels(gpu, replace(base, roofline_n_fp8=2.0)).gemm(np.array(512.0), w, fp8=True)
+    assert float(hyp) * 1e6 == pytest.approx(math.hypot(15.19, 8.764), rel=1e-3)
+    unset = Kernels(gpu, replace(base, roofline_n_fp8=None)).gemm(np.array(512.0), w, fp8=True)
+    gpus_n = Kernels(gpu, replace(base, roofline_n_fp8=base.roofline_n)).gemm(np.array(512.0), w, fp8=True)
+    assert float(unset) == float(gpus_n)
+    assert "roofline_n_fp8" not in {p[0] for p in PARAMS["gemm_fp8"]}  # not the shipped form
+
+    # rows made by the additive form are fitted back to n near 1 only when the exponent is free
+    truth = replace(base, roofline_n_fp8=1.0)
+    rows = [Measurement(id=f"m{m}", source="s", gpu="h800", model="", engine="DeepGEMM", dtype="fp8",
+                        kind="kernel_gemm", unit="us", condition="",
+                        measured=float(Kernels(gpu, truth).gemm(np.array(float(m)), w, fp8=True)) * 1e6,
+                        values={"gemm_m": m, "gemm_n": 7168, "gemm_k": 2048, "tp": 1})
+            for m in (64, 256, 512, 1024, 4096, 16384)]
+    start = replace(base, roofline_n_fp8=None)
+    fitted = fit_group("h800", "gemm_fp8", rows, start, only=("roofline_n_fp8",), extra=ALTERNATIVES["gemm_fp8"])
+    assert fitted.values["roofline_n_fp8"] == pytest.approx(1.0, abs=0.02)
+    assert fitted.rms_log < 1e-3

@@ -88,6 +88,12 @@ class Efficiency:
     # to predict FP8 kernel rows (lmsim serves BF16)
     gemm_mfu_fp8: float | None = None
     weight_stream_eff_fp8: float | None = None
+    # The FP8 kernel group's own roofline exponent (None: roofline_n, the BF16 GEMMs'). An
+    # alternative measured and not adopted (profiles/README.md "Which form won"): fitted on
+    # half of InferSim's DeepGEMM shapes and checked on the rest it is a tie (H20 402 rows:
+    # 92% within 10% against 90%; H800 110 rows: 52% against 55%; benchmarks/
+    # fp8_exponent_heldout.py), and on the table's check split it trades one row for another.
+    roofline_n_fp8: float | None = None
     # routed experts
     moe_block: int = 16
     # vLLM's fused_moe default config tiles each expert's rows by 16 while the step has at most
@@ -111,7 +117,7 @@ class Efficiency:
     # borrows its MoE constants from another (too few kernel rows of its own) borrows the
     # exponent they were fitted with too: the stream efficiency and the exponent trade off
     # against each other near the ridge (A100's fit: n 2.14 with 0.75; L40S's GEMMs alone
-    # fit n 4.16), so pairing one GPU's efficiency with another's exponent prices L40S's
+    # fit n 4.2-6.8), so pairing one GPU's efficiency with another's exponent prices L40S's
     # memory-bound fused_moe (256-1,024 tokens) 27% fast instead of 17-23%.
     moe_roofline_n: float | None = None
     # prefill attention
@@ -281,7 +287,8 @@ class Kernels:
         compute = 2.0 * weights * rows / (self.peak(fp8) * mfu)
         memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
         launch = e.gemm_launch_fp8_s if fp8 and e.gemm_launch_fp8_s is not None else e.gemm_launch_s
-        return launches * launch + roofline(compute, memory, e.roofline_n)
+        n = e.roofline_n_fp8 if fp8 and e.roofline_n_fp8 is not None else e.roofline_n
+        return launches * launch + roofline(compute, memory, n)
 
     # -- routed experts -------------------------------------------------------------------------
     def moe(self, tokens: np.ndarray, experts: int, per_token: int, expert_params: float,

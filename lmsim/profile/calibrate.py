@@ -61,6 +61,11 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
             ("moe_launch_s", 10e-6, 1e-7, 2e-4), ("moe_stream_eff", 0.75, 0.2, 1.0)],
     "moe_fp8": [("moe_mfu_fp8", 0.6, 0.05, 1.0)],
 }
+# Forms measured and not adopted, kept so the comparison can be rerun
+# (benchmarks/fp8_exponent_heldout.py; profiles/README.md "Which form won").
+ALTERNATIVES: dict[str, list[tuple[str, float, float, float]]] = {
+    "gemm_fp8": [("roofline_n_fp8", 2.0, 1.0, 12.0)],
+}
 BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
 # BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
 ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
@@ -137,11 +142,14 @@ def _log_errors(eff: Efficiency, gpu: str, rows: Sequence[Measurement], checker:
 
 def fit_group(gpu: str, group: str, rows: Sequence[Measurement], base: Efficiency,
               *, smooth: bool = True, checker: Checker | None = None,
-              only: tuple[str, ...] | None = None) -> GroupFit:
-    """The group's constants (or those named in `only`) minimising the robust log-ratio loss
-    over `rows` (fit split), from `base`'s values."""
+              only: tuple[str, ...] | None = None,
+              extra: Sequence[tuple[str, float, float, float]] = ()) -> GroupFit:
+    """The group's constants (or those named in `only`), plus `extra` ones (an alternative
+    form's, `ALTERNATIVES`), minimising the robust log-ratio loss over `rows` (fit split),
+    from `base`'s values."""
     checker = checker or Checker()
-    params = [p for p in PARAMS[group] if (smooth or p[0] != "roofline_n") and (only is None or p[0] in only)]
+    params = [p for p in [*PARAMS[group], *extra]
+              if (smooth or not p[0].startswith("roofline_n")) and (only is None or p[0] in only)]
     if group == "prefill":
         layouts = {checker.engine_of(r).prefill_kv_layout for r in rows}
         if layouts == {"paged", "dense"}:  # the dense gain is identified only by both kinds of rows

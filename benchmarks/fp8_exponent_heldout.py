@@ -1,0 +1,76 @@
+"""Which roofline exponent the FP8 GEMM kernel group should use, by held-out shapes.
+
+InferSim's DeepGEMM tables (benchmarks/data, 34 shapes on H20 and 10 on H800, 11 M values each)
+hold far more shapes than `measurements.csv` samples. For each GPU the shapes are split in two
+alternating halves; the `gemm_fp8` group is fitted (calibrate.fit_group, the same robust loss
+and search `lmsim profile calibrate` uses) on one half and checked on the other, then the halves
+swap. Two forms are compared:
+
+* shared: the FP8 kernel uses the BF16 GEMMs' roofline exponent (the GPU's `roofline_n`);
+* own: the FP8 kernel group fits its own `roofline_n_fp8`.
+
+    python benchmarks/fp8_exponent_heldout.py
+
+prints, per GPU and form, the held-out rows within 10%, beyond 25% and the rms log ratio.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from lmsim.profile.analytic import Kernels, efficiency_for
+from lmsim.profile.calibrate import ALTERNATIVES, fit_group
+from lmsim.profile.hardware import load_gpu
+from lmsim.profile.measurements import Checker, Measurement
+
+DATA = Path(__file__).with_name("data")
+
+
+def rows_of(gpu: str) -> list[Measurement]:
+    out = []
+    with (DATA / f"infersim_deepgemm_{gpu}.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            m, k, n = int(r["m"]), int(r["k"]), int(r["n"])
+            out.append(Measurement(
+                id=f"{gpu}-m{m}-n{n}-k{k}", source="InferSim", gpu=gpu, model="", engine="DeepGEMM",
+                dtype="fp8", kind="kernel_gemm", measured=float(r["latency_us"]), unit="us", condition="",
+                values={"gemm_m": m, "gemm_n": n, "gemm_k": k, "tp": 1}))
+    return out
+
+
+def held_out(gpu: str, own_exponent: bool) -> np.ndarray:
+    rows = rows_of(gpu)
+    shapes = sorted({(r.get("gemm_k"), r.get("gemm_n")) for r in rows})
+    base = replace(efficiency_for(load_gpu(gpu)), roofline_n_fp8=None)
+    params = ("gemm_mfu_fp8", "weight_stream_eff_fp8", "gemm_launch_fp8_s") + (("roofline_n_fp8",) if own_exponent else ())
+    logs = []
+    for fold in (0, 1):
+        train = {s for i, s in enumerate(shapes) if i % 2 == fold}
+        fit_rows = [r for r in rows if (r.get("gemm_k"), r.get("gemm_n")) in train]
+        check_rows = [r for r in rows if (r.get("gemm_k"), r.get("gemm_n")) not in train]
+        checker = Checker()
+        fitted = fit_group(gpu, "gemm_fp8", fit_rows, base, checker=checker, only=params,
+                           extra=ALTERNATIVES["gemm_fp8"])
+
+        checker._kernels[gpu] = Kernels(load_gpu(gpu), replace(base, **fitted.values))
+        logs += [math.log(checker.predict(r).predicted / r.measured) for r in check_rows]
+    return np.array(logs)
+
+
+def main() -> None:
+    print(f"{'gpu':5s} {'exponent':8s} {'rows':>5s} {'within 10%':>11s} {'beyond 25%':>11s} {'rms log':>8s}")
+    for gpu in ("h20", "h800"):
+        for own in (False, True):
+            lr = held_out(gpu, own)
+            ratio = np.exp(lr)
+            print(f"{gpu:5s} {'own' if own else 'shared':8s} {len(lr):5d} {np.mean(np.abs(ratio - 1) <= 0.1):11.2f} "
+                  f"{int(np.sum(np.abs(ratio - 1) > 0.25)):11d} {math.sqrt(float(np.mean(lr ** 2))):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
