@@ -102,3 +102,26 @@ def test_the_burst_class_is_the_prefix_class_of_the_burst_requests(tmp_path: Pat
                   for r in range(len(trace)) if trace.column("class_id")[r] != 1
                   and trace.input_tokens[r] >= 8 * 16}  # fmt: skip
     assert not classes & background
+
+
+def test_seeds_check_pairs_each_comparison_over_seeds(monkeypatch, capsys):
+    """Fig. 12 on ChatBot, threshold 16 vs 4, P50 TTFT 90/100, 95/100, 100/100 ms at seeds
+    0-2: per-seed -10%, -5%, 0%; mean -5%, sd 5, half-width t(0.975, 2) 4.303 x 5 / sqrt(3) =
+    12.4: "-5% ± 12 (tie)"."""
+    import pandas as pd
+
+    seeds_check = paper_script("seeds_check")
+    rows = []
+    for seed, (a, b) in enumerate([(0.090, 0.100), (0.095, 0.100), (0.100, 0.100)]):
+        for trace in seeds_check.TRACES:
+            for thr, v in ((16, a), (4, b)):
+                rows.append({"seed": seed, seeds_check.GEN: trace, "router.params.imbalance_abs_count": thr,
+                             "router.params.estimator_profile": None, "router.params.load_indicator": "batch_size",
+                             "router.params.kv_indicator": "p_token", "ttft_s_p50": v, "tpot_s_p50": 0.01,
+                             "ttft_s_mean": v, "tpot_s_p99": 0.02, "ttft_s_p99": 0.2, "tpot_s_mean": 0.01})
+    frame = pd.DataFrame(rows)
+    monkeypatch.setattr(seeds_check, "frames", lambda paper, seeds, fig: frame)
+    monkeypatch.setattr("sys.argv", ["seeds_check.py", "runs/paper", "runs/seeds"])
+    seeds_check.main()
+    chatbot = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| chatbot"))
+    assert chatbot.split(" | ")[1].startswith("-5% ± 12 (tie) n=3")
