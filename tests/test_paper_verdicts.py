@@ -125,3 +125,26 @@ def test_seeds_check_pairs_each_comparison_over_seeds(monkeypatch, capsys):
     seeds_check.main()
     chatbot = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| chatbot"))
     assert chatbot.split(" | ")[1].startswith("-5% ± 12 (tie) n=3")
+
+
+def test_reduced_hotspot_window_follows_the_burst_class(tmp_path):
+    """Figure 21's burst window is where the burst class (class_id 1) arrives in each run,
+    wherever the capacity put it: here 100-200 s. Inside it vLLM's TTFT is 1.0 s and LMetric's
+    0.5 s at every seed, so -50% ± 0 (lower); the requests outside (at 10 s, TTFT 9 s, both arms)
+    do not count. The old fixed window (840-1140 s) held no request at all."""
+    import pandas as pd
+
+    claims = paper_script("claims_reduced")
+    rows = []
+    for seed in range(3):
+        for policy, burst_ttft in (("vllm", 1.0), ("lmetric", 0.5)):
+            run = f"{policy}-{seed}"
+            (tmp_path / "choices_hotspot" / run).mkdir(parents=True)
+            pd.DataFrame({"arrived_at": [10.0, 100.0, 150.0, 200.0], "ttft_s": [9.0, burst_ttft, burst_ttft, burst_ttft],
+                          "tpot_s": [0.02] * 4, "cached_tokens": [0, 50, 50, 50], "input_tokens": [100] * 4,
+                          "class_id": [0, 1, 1, 1]}).to_parquet(tmp_path / "choices_hotspot" / run / "requests.parquet")
+            rows.append({"run": run, claims.POL: policy, "router.params.bs_plus_one": True, "seed": seed})
+    lines = claims.hotspot_table(tmp_path, pd.DataFrame(rows))
+    (row,) = [line for line in lines if line.startswith("| lmetric")]
+    assert row.split(" | ")[1] == "-50% ± 0 (lower)"
+    assert row.endswith("| 0.50 |")

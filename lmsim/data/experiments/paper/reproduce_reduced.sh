@@ -7,7 +7,7 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 JOBS=${JOBS:-2}
 status=0
-for exp in choices_bailian choices choices_hotspot dynamo_weight capacity_reading fig15_deployed llmd_noise; do
+for exp in choices_bailian choices choices_llmd_deployed choices_hotspot dynamo_weight capacity_reading fig15_deployed llmd_noise; do
   start=$SECONDS
   nice lmsim sweep "$here/$exp.yaml" -j "$JOBS" "$@" || status=1
   echo "$exp: $((SECONDS - start)) s"
