@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmsim.profile.analytic import Kernels, efficiency_for
-from lmsim.profile.calibrate import ALTERNATIVES, fit_group
+from lmsim.profile.analytic import efficiency_for
+from lmsim.profile.calibrate import ALTERNATIVES, _log_errors, fit_group
 from lmsim.profile.hardware import load_gpu
 from lmsim.profile.measurements import Checker, Measurement
 
@@ -56,9 +56,7 @@ def held_out(gpu: str, own_exponent: bool) -> np.ndarray:
         checker = Checker()
         fitted = fit_group(gpu, "gemm_fp8", fit_rows, base, checker=checker, only=params,
                            extra=ALTERNATIVES["gemm_fp8"])
-
-        checker._kernels[gpu] = Kernels(load_gpu(gpu), replace(base, **fitted.values))
-        logs += [math.log(checker.predict(r).predicted / r.measured) for r in check_rows]
+        logs += list(_log_errors(replace(base, **fitted.values), gpu, check_rows, checker))
     return np.array(logs)
 
 
