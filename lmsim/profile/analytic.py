@@ -99,7 +99,7 @@ class Efficiency:
     # (M x K read, M x N written in BF16); False, the weights alone. Both forms fitted and
     # checked (profiles/README.md "Which form won"): the table's check split 143/173 within
     # 10% and none beyond 25% against 140/173 and one; held out on InferSim's DeepGEMM shapes
-    # (benchmarks/gemm_bytes_heldout.py) H800 60% within 10% against 55%, 16 beyond 25%
+    # (benchmarks/fp8_gemm_heldout.py) H800 60% within 10% against 55%, 16 beyond 25%
     # against 24, H20 91% against 90%. Near the ridge a GEMM's output is a large share of
     # its traffic: 7.3 MB of 23 MB for H800's m512 n7168 k2048, the row the weights-only form
     # priced at 0.72 of measured.
