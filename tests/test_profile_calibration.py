@@ -28,13 +28,13 @@ from lmsim.profile.tables import TableCostModel, load_table_profile
 
 QWEN2, QWEN3 = "h20/qwen2-7b", "h20/qwen3-30b-a3b"
 H20 = {  # lmsim/data/hardware/gpus/h20.yaml, efficiency
-    "gemm_mfu": 0.7441, "weight_stream_eff": 0.6361, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
-    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.61,
-    "layer_fixed_s": 1.533e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
+    "gemm_mfu": 0.7428, "weight_stream_eff": 0.6397, "roofline_n": 2.0, "gemm_launch_s": 3e-06,
+    "kv_read_eff": 0.8448, "attn_launch_per_layer_s": 2.398e-05, "engine_kv_half_units": 3.641,
+    "layer_fixed_s": 1.537e-05, "attn_mfu": 0.9475, "attn_half_kv": 360.7,
 }
 # lmsim/data/hardware/engines.yaml, fitted: the host time of each engine
-ENGINE_CPU = {"vllm-v1": 0.000496, "sglang-0.4": 0.0007221}
-SGLANG_CUDA_CORE_EFF = 0.1281
+ENGINE_CPU = {"vllm-v1": 0.0005495, "sglang-0.4": 0.001124}
+SGLANG_CUDA_CORE_EFF = 0.1283
 
 
 def test_h20_constants_are_the_ones_priced_by_hand():
@@ -52,82 +52,86 @@ def test_h20_constants_are_the_ones_priced_by_hand():
 def test_qwen2_decode_step_by_hand():
     """Qwen2-7B on H20 (vLLM v1), one decode at context 1024 (28 layers, 28 q / 4 KV heads x 128):
 
-    * fixed: 28 x (layer kernels 15.33 + attention launch 23.98 us) = 1.1007 ms;
+    * fixed: 28 x (layer kernels 15.37 + attention launch 23.98 us) = 1.1018 ms;
     * dense GEMMs, W = 28 x 233.05M = 6.5254e9 parameters, M padded to 64 rows:
-      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7441) = 7.584 ms, weights 2 x 6.5254e9 /
-      (4e12 x 0.6361) = 5.129 ms, smooth roofline (n = 2) hypot = 9.156 ms, plus 4 x 28 GEMM
-      launches of 3 us = 0.336 ms: 9.492 ms;
-    * lm_head 152064 x 3584 = 5.450e8: hypot(0.6335, 0.4284) + 0.003 = 0.7677 ms, sampling
-      0.1 + 0.003 ms, host (vLLM v1) 0.496 + 0.006 ms: 1.3727 ms;
+      compute 2 x 6.5254e9 x 64 / (148e12 x 0.7428) = 7.598 ms; memory: the weights 2 x
+      6.5254e9 B and one row of activations, 28 x (29,696 in + 49,664 out) x 2 B = 4.444 MB
+      (QKV, O, gate-up, down: in 3584 + 3584 + 3584 + 18,944, out 4608 + 3584 + 37,888 +
+      3584), at 4e12 x 0.6397: 5.102 ms; smooth roofline (n = 2) hypot = 9.152 ms, plus 4 x
+      28 GEMM launches of 3 us = 0.336 ms: 9.488 ms;
+    * lm_head 152064 x 3584 = 5.450e8 (one row: 3584 in, 152,064 out): hypot(0.6346, 0.4261)
+      + 0.003 = 0.7673 ms, sampling 0.1 + 0.003 ms, host (vLLM v1) 0.5495 + 0.006 ms:
+      1.4258 ms;
     * decode attention per layer: the KV read, 1024 x 2,048 B = 2.097 MB at 4e12 x 0.8448 =
-      0.6206 us, times the engine term 1 + 3.61 / (1 x 4) = 1.9025: 1.1807 us; the compute
+      0.6206 us, times the engine term 1 + 3.641 / (1 x 4) = 1.9103: 1.1855 us; the compute
       FA3 runs with the 7-head query group padded to a 64-row tile, 4 x 4 x 64 x 128 x 1024 /
-      (148e12 x 0.9475) = 0.957 us; hypot 1.520 us, x 28 = 0.0426 ms.
+      (148e12 x 0.9475) = 0.957 us; hypot 1.524 us, x 28 = 0.0427 ms.
 
-    Total 1.1007 + 9.492 + 1.3727 + 0.0426 = 12.008 ms."""
+    Total 1.1018 + 9.488 + 1.4258 + 0.0427 = 12.058 ms."""
     m = load_table_profile(QWEN2)
     parts = m.components((), 1, 1024)
-    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.33 + 23.98) / 1e3, rel=1e-3)
-    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.584, 5.129) + 0.336, rel=2e-3)
-    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6335, 0.4284) + 0.003 + 0.103 + 0.502, rel=2e-3)
+    assert parts["fixed"] * 1e3 == pytest.approx(28 * (15.37 + 23.98) / 1e3, rel=1e-3)
+    assert parts["tokens"] * 1e3 == pytest.approx(math.hypot(7.598, 5.102) + 0.336, rel=2e-3)
+    assert parts["seqs"] * 1e3 == pytest.approx(math.hypot(0.6346, 0.4261) + 0.003 + 0.103 + 0.5555, rel=2e-3)
     assert parts["decode_attention"] * 1e3 == pytest.approx(
-        28 * math.hypot(0.6206 * (1 + 3.61 / 4), 0.957) / 1e3, rel=3e-3)
-    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.008, rel=2e-3)
+        28 * math.hypot(0.6206 * (1 + 3.641 / 4), 0.957) / 1e3, rel=3e-3)
+    assert m.step_time((), 1, 1024) * 1e3 == pytest.approx(12.058, rel=2e-3)
 
 
 def test_decode_at_long_context_batch1_is_priced_with_the_engine_term():
     """The issue's headline: batch-1 decode at 100k context. Per layer the KV read is
-    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9025 =
-    115.31 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.46 us;
-    hypot 148.4 us, x 28 layers = 4.156 ms on top of the 11.97 ms at no context: 16.13 ms.
-    The engine reads the KV at an effective 204.8 MB x 28 / 4.156 ms = 1.38 TB/s (the bare
+    100,000 x 2,048 B = 204.8 MB at 4e12 x 0.8448 = 60.61 us, times the engine term 1.9103 =
+    115.77 us; the padded-tile compute 4 x 4 x 64 x 128 x 1e5 / (148e12 x 0.9475) = 93.47 us;
+    hypot 148.8 us, x 28 layers = 4.166 ms on top of the 12.02 ms at no context: 16.18 ms.
+    The engine reads the KV at an effective 204.8 MB x 28 / 4.166 ms = 1.38 TB/s (the bare
     FlashInfer kernel: 2.8-3.0 TB/s; SGLang 0.4.6 on H20: about 1.0-1.4, issue 23)."""
     m = load_table_profile(QWEN2)
     at_100k = decode_step_seconds(m, 1, 100_000) * 1e3
-    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1484, rel=0.01)
-    assert at_100k == pytest.approx(16.13, rel=0.003)
+    assert at_100k - decode_step_seconds(m, 1, 1) * 1e3 == pytest.approx(28 * 0.1488, rel=0.01)
+    assert at_100k == pytest.approx(16.18, rel=0.003)
 
 
 def test_sglang_long_context_decode_step_and_request_by_hand():
     """Qwen3-8B on H20 as SGLang 0.4.6 runs it (FlashInfer; GQA group 4, so the CUDA-core
     decode kernel; host work overlapped). One decode at context 65,536, per layer of 36:
     the KV read 65,536 x 8 x 128 x 4 B = 268.4 MB at 4e12 x 0.8448 = 79.43 us, times the
-    engine term 1 + 3.61 / 8 = 1.451: 115.3 us; the CUDA cores compute 4 x 32 x 128 x 65,536
-    FLOPs at 0.1281 x 44 TFLOPS: 190.5 us; hypot 222.7 us, x 36 = 8.02 ms of attention.
+    engine term 1 + 3.641 / 8 = 1.455: 115.6 us; the CUDA cores compute 4 x 32 x 128 x 65,536
+    FLOPs at 0.1283 x 44 TFLOPS: 190.2 us; hypot 222.6 us, x 36 = 8.01 ms of attention.
 
     The request the Qwen3 speed benchmark ran (63,488-token prompt, 2,048 generated; 58.89 s
-    measured): 8 prefill chunks of at most 8,192 tokens, 16.59 s, then 2,047 decode steps
+    measured): 8 prefill chunks of at most 8,192 tokens, 16.61 s, then 2,047 decode steps
     whose time grows linearly with the context, so they average the step at the middle
-    context 64,512, 20.46 ms: 16.59 + 2,047 x 0.02046 = 58.47 s, 0.993 of the measurement."""
+    context 64,512, 20.46 ms: 16.61 + 2,047 x 0.02046 = 58.48 s, 0.993 of the measurement."""
     model = AnalyticModel.build("h20", "qwen3-8b", 1, "sglang-0.4")
     per_layer = float(model.kernels.decode_attention(1, 65_536, 32, 8, 128, path="cuda_core")) - 2.398e-05
-    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.61 / 8), 190.5), rel=2e-3)
-    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2227, rel=3e-3)
+    assert per_layer * 1e6 == pytest.approx(math.hypot(79.43 * (1 + 3.641 / 8), 190.2), rel=2e-3)
+    assert float(model.decode_attention(1, 65_536)) * 1e3 == pytest.approx(36 * 0.2226, rel=3e-3)
     table = TableCostModel(tabulate(model, date="-"))
     ttft = prefill_seconds(table, 63_488)
     middle = table.step_time((), 1, 63_489 + 1_023)
-    assert ttft == pytest.approx(16.59, rel=1e-3) and middle * 1e3 == pytest.approx(20.46, rel=1e-3)
+    assert ttft == pytest.approx(16.61, rel=1e-3) and middle * 1e3 == pytest.approx(20.46, rel=1e-3)
     e2e = end_to_end_seconds(table, 63_488, 2_048)
     assert e2e == pytest.approx(ttft + 2_047 * middle, rel=1e-4)
-    assert e2e == pytest.approx(58.47, rel=1e-3)
+    assert e2e == pytest.approx(58.48, rel=1e-3)
     assert e2e / 58.89 == pytest.approx(1.0, abs=0.10)
 
 
 def test_tiny_model_pays_the_larger_of_host_and_gpu():
     """Qwen3-0.6B on H20 under SGLang's overlap scheduler: a batch-1 decode at context 1 costs
-    max(host, GPU). Host: 0.7221 + 0.006 ms = 0.728 ms. GPU: 28 x (15.33 + 23.98) us = 1.101 ms
-    of per-layer kernels; GEMMs (0.4404e9 parameters in the layers, 64-row tile) hypot(
-    0.5119, 0.3462) + 4 x 28 x 3 us = 0.954 ms; lm_head (tied 151,936 x 1,024) hypot(0.1808,
-    0.1223) + 0.003 = 0.221 ms; sampling 0.103 ms; attention over one token: nanoseconds.
-    About 2.38 ms of GPU time, which hides the host's 0.73 ms. Added instead (vLLM v1 semantics)
-    the step would be 3.1 ms; the benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
+    max(host, GPU). Host: 1.124 + 0.006 ms = 1.130 ms. GPU: 28 x (15.37 + 23.98) us = 1.102 ms
+    of per-layer kernels; GEMMs (0.4404e9 parameters in the layers, 64-row tile; one row of
+    28 x (7,168 + 12,288) activations) hypot(0.5128, 0.3447) + 4 x 28 x 3 us = 0.954 ms;
+    lm_head (tied 151,936 x 1,024) hypot(0.1811, 0.1217) + 0.003 = 0.221 ms; sampling
+    0.103 ms; attention over one token: nanoseconds. About 2.38 ms of GPU time, which hides
+    the host's 1.13 ms. Added instead (vLLM v1 semantics) the step would be 3.5 ms; the
+    benchmark measured 2.42 ms per token (4.947 s / 2,048)."""
     model = AnalyticModel.build("h20", "qwen3-0.6b", 1, "sglang-0.4")
     host = float(model.host(1, 1))
-    assert host * 1e3 == pytest.approx(0.7221 + 0.006, rel=1e-3)
+    assert host * 1e3 == pytest.approx(1.124 + 0.006, rel=1e-3)
     step = model.step_time((), 1, 1)
     gpu = step  # the GPU part wins
     assert gpu > host
-    assert step * 1e3 == pytest.approx(1.101 + math.hypot(0.5119, 0.3462) + 0.336 + math.hypot(0.1808, 0.1223)
+    assert step * 1e3 == pytest.approx(1.102 + math.hypot(0.5128, 0.3447) + 0.336 + math.hypot(0.1811, 0.1217)
                                        + 0.003 + 0.103, rel=2e-3)
     assert step * 1e3 == pytest.approx(2.42, rel=0.02)
     table = TableCostModel(tabulate(model, date="-"))
@@ -135,20 +139,20 @@ def test_tiny_model_pays_the_larger_of_host_and_gpu():
 
 
 SEC6_PREFILL = {  # ms: tokens 512, 1024, 2048, 4096, 8192 (engine only, budget 8192)
-    (QWEN2, 0): (65.0, 126.9, 253.1, 514.7, 1073.9),
-    (QWEN2, 8192): (77.2, 151.4, 302.0, 612.1, 1268.1),
-    (QWEN3, 0): (59.8, 87.8, 143.1, 275.4, 613.4),
-    (QWEN3, 8192): (83.8, 135.8, 238.9, 466.4, 993.8),
+    (QWEN2, 0): (65.3, 127.4, 254.0, 516.3, 1076.9),
+    (QWEN2, 8192): (77.5, 151.9, 302.9, 613.8, 1271.2),
+    (QWEN3, 0): (59.8, 87.9, 143.3, 275.7, 613.9),
+    (QWEN3, 8192): (83.9, 135.9, 239.1, 466.7, 994.4),
 }
 SEC6_DECODE = {  # ms: batch 1, 8, 32, 64, 128, 256
-    (QWEN2, 1024): (12.02, 12.30, 13.29, 14.60, 24.64, 45.85),
-    (QWEN2, 8192): (12.31, 14.15, 20.50, 28.97, 53.31, 103.15),
-    (QWEN3, 1024): (8.01, 17.57, 31.66, 36.66, 42.46, 70.51),
-    (QWEN3, 8192): (8.53, 20.74, 44.03, 61.30, 91.62, 168.73),
+    (QWEN2, 1024): (12.06, 12.35, 13.36, 14.70, 24.79, 46.06),
+    (QWEN2, 8192): (12.36, 14.20, 20.57, 29.07, 53.47, 103.36),
+    (QWEN3, 1024): (8.06, 17.57, 31.60, 36.60, 42.41, 70.52),
+    (QWEN3, 8192): (8.57, 20.74, 43.97, 61.24, 91.57, 168.75),
 }
 SEC6_MIXED = {  # ms: (decodes at ctx 2048, chunk tokens) -> (Qwen2-7B, Qwen3-30B-A3B)
-    (64, 0): (16.65, 40.18), (64, 512): (77.23, 68.51), (64, 2048): (265.40, 153.69),
-    (64, 8128): (1077.07, 618.09), (200, 0): (42.90, 76.67), (200, 2048): (292.67, 176.74),
+    (64, 0): (16.76, 40.12), (64, 512): (77.56, 68.54), (64, 2048): (266.29, 153.86),
+    (64, 8128): (1080.17, 618.64), (200, 0): (43.09, 76.68), (200, 2048): (293.62, 176.93),
 }
 
 
@@ -313,7 +317,8 @@ def test_the_fp8_group_alternative_exponent_prices_and_fits():
     truth = replace(base, roofline_n_fp8=1.0)
     rows = [Measurement(id=f"m{m}", source="s", gpu="h800", model="", engine="DeepGEMM", dtype="fp8",
                         kind="kernel_gemm", unit="us", condition="",
-                        measured=float(Kernels(gpu, truth).gemm(np.array(float(m)), w, fp8=True)) * 1e6,
+                        measured=float(Kernels(gpu, truth).gemm(np.array(float(m)), w, fp8=True, inputs_per_row=2048,
+                                                                outputs_per_row=7168)) * 1e6,
                         values={"gemm_m": m, "gemm_n": 7168, "gemm_k": 2048, "tp": 1})
             for m in (64, 256, 512, 1024, 4096, 16384)]
     start = replace(base, roofline_n_fp8=None)

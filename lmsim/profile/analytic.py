@@ -13,7 +13,8 @@ A step with prefill chunks (q_i, c_i) and B_d decodes costs (costmodel.md sectio
 Kernel groups, per layer unless said (`Kernels`, vectorised over numpy arrays):
 
 * GEMMs (dense projections and MLP, lm_head): compute `2·M'·N·K / (P·mfu)` with M' = max(M,
-  tile rows) and memory `weights / (BW·bw_eff)`, combined by a roofline (below);
+  tile rows) and memory `(weights + M·K inputs + M·N outputs) / (BW·bw_eff)`, the bytes the
+  GEMM moves, combined by a roofline (below);
 * routed experts: the same roofline over the distinct experts a step touches under uniform
   routing, rows padded to the fused-MoE block;
 * prefill attention (FA3 on Hopper, FA2 class elsewhere): causal FLOPs at an efficiency that
@@ -91,9 +92,18 @@ class Efficiency:
     # The FP8 kernel group's own roofline exponent (None: roofline_n, the BF16 GEMMs'). An
     # alternative measured and not adopted (profiles/README.md "Which form won"): fitted on
     # half of InferSim's DeepGEMM shapes and checked on the rest it is a tie (H20 402 rows:
-    # 92% within 10% against 90%; H800 110 rows: 52% against 55%; benchmarks/
-    # fp8_exponent_heldout.py), and on the table's check split it trades one row for another.
+    # 90% within 10% against 91%; H800 110 rows: 59% against 60%, and with the weights-only
+    # memory side 92/90% and 52/55%; benchmarks/fp8_gemm_heldout.py).
     roofline_n_fp8: float | None = None
+    # What the GEMM roofline's memory side moves: True, the weights and the activation rows
+    # (M x K read, M x N written in BF16); False, the weights alone. Both forms fitted and
+    # checked (profiles/README.md "Which form won"): the table's check split 143/173 within
+    # 10% and none beyond 25% against 140/173 and one; held out on InferSim's DeepGEMM shapes
+    # (benchmarks/fp8_gemm_heldout.py) H800 60% within 10% against 55%, 16 beyond 25%
+    # against 24, H20 91% against 90%. Near the ridge a GEMM's output is a large share of
+    # its traffic: 7.3 MB of 23 MB for H800's m512 n7168 k2048, the row the weights-only form
+    # priced at 0.72 of measured.
+    gemm_moves_activations: bool = True
     # routed experts
     moe_block: int = 16
     # vLLM's fused_moe default config tiles each expert's rows by 16 while the step has at most
@@ -180,6 +190,10 @@ class Efficiency:
                 values[k] = tuple(float(x) for x in v)
             elif v is None:
                 values[k] = None
+            elif k == "gemm_moves_activations":
+                if not isinstance(v, bool):
+                    raise ProfileError(f"{where}: field 'efficiency.{k}' must be true or false, got {v!r}")
+                values[k] = v
             else:
                 try:
                     values[k] = float(v)
@@ -273,8 +287,11 @@ class Kernels:
             return np.full(np.shape(m), self.eff.gemm_mfu)
         return _loglin(self.eff.mfu_gemm, m)
 
-    def gemm(self, m: np.ndarray, weights: float, *, fp8: bool = False, launches: int = 1) -> np.ndarray:
-        """`m` rows times a weight matrix of `weights` elements (N·K), one or more GEMMs."""
+    def gemm(self, m: np.ndarray, weights: float, *, fp8: bool = False, launches: int = 1,
+             inputs_per_row: float = 0.0, outputs_per_row: float = 0.0) -> np.ndarray:
+        """`m` rows times a weight matrix of `weights` elements (N·K), one or more GEMMs;
+        each row reads `inputs_per_row` activations (the K's) and writes `outputs_per_row`
+        (the N's, in BF16)."""
         m = np.asarray(m, dtype=float)
         e = self.eff
         rows = np.maximum(m, e.gemm_min_rows)
@@ -285,7 +302,10 @@ class Kernels:
         if fp8 and e.weight_stream_eff_fp8 is not None:
             bw_eff = e.weight_stream_eff_fp8
         compute = 2.0 * weights * rows / (self.peak(fp8) * mfu)
-        memory = weights * (1.0 if fp8 else 2.0) / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
+        moved = weights * (1.0 if fp8 else 2.0)
+        if e.gemm_moves_activations:
+            moved = moved + m * (inputs_per_row * (1.0 if fp8 else 2.0) + outputs_per_row * 2.0)
+        memory = moved / (self.gpu.hbm_bandwidth_bytes_s * bw_eff)
         launch = e.gemm_launch_fp8_s if fp8 and e.gemm_launch_fp8_s is not None else e.gemm_launch_s
         n = e.roofline_n_fp8 if fp8 and e.roofline_n_fp8 is not None else e.roofline_n
         return launches * launch + roofline(compute, memory, n)
@@ -531,7 +551,9 @@ class AnalyticModel:
         for T tokens in the step."""
         t = np.asarray(tokens, dtype=float)
         m = self.model
-        gemms = self.kernels.gemm(t, m.layers * m.dense_params_per_layer, launches=4 * m.layers)
+        inputs, outputs = m.dense_activations_per_layer
+        gemms = self.kernels.gemm(t, m.layers * m.dense_params_per_layer, launches=4 * m.layers,
+                                  inputs_per_row=m.layers * inputs, outputs_per_row=m.layers * outputs)
         comm = 2 * m.layers * self.kernels.allreduce(t * m.hidden_size * 2.0, m.tp)
         return gemms + comm
 
@@ -540,7 +562,8 @@ class AnalyticModel:
         part, `cpu`, is what an engine with async scheduling overlaps)."""
         b = np.asarray(seqs, dtype=float)
         e = self.eff
-        logits = self.kernels.gemm(b, float(self.model.vocab_size * self.model.hidden_size))
+        logits = self.kernels.gemm(b, float(self.model.vocab_size * self.model.hidden_size),
+                                   inputs_per_row=self.model.hidden_size, outputs_per_row=self.model.vocab_size)
         return logits + e.sample_base_s + e.sample_per_seq_s * b
 
     def moe(self, tokens: np.ndarray) -> np.ndarray:

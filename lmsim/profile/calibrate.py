@@ -62,7 +62,7 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
     "moe_fp8": [("moe_mfu_fp8", 0.6, 0.05, 1.0)],
 }
 # Forms measured and not adopted, kept so the comparison can be rerun
-# (benchmarks/fp8_exponent_heldout.py; profiles/README.md "Which form won").
+# (benchmarks/fp8_gemm_heldout.py; profiles/README.md "Which form won").
 ALTERNATIVES: dict[str, list[tuple[str, float, float, float]]] = {
     "gemm_fp8": [("roofline_n_fp8", 2.0, 1.0, 12.0)],
 }

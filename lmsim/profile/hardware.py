@@ -325,6 +325,19 @@ class ModelSpec:
         return self.attention_params_per_layer + float(mlp) + float(router)
 
     @property
+    def dense_activations_per_layer(self) -> tuple[float, float]:
+        """(inputs, outputs) one token reads and writes through the layer's dense GEMMs: the
+        K and N of QKV, O, gate-up, down and the router. QKV and gate-up each read the hidden
+        state on their own, so it counts twice."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.attention_heads * d, self.kv_heads * d
+        i = self.intermediate_size
+        router = self.experts * self.moe_layer_count / self.layers
+        inputs = h + q + (h + i if i else 0) + (h if router else 0)
+        outputs = (q + 2 * kv) + h + (2 * i + h if i else 0) + router
+        return float(inputs), float(outputs)
+
+    @property
     def expert_params(self) -> float:
         return float(3 * self.hidden_size * self.moe_intermediate_size)
 

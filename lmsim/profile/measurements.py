@@ -332,7 +332,7 @@ class Checker:
         fp8 = row.dtype.startswith("fp8")
         if row.kind == "kernel_gemm":
             m, n, kk = row.get("gemm_m"), row.get("gemm_n"), row.get("gemm_k")
-            return _to_unit(float(k.gemm(m, float(n) * kk, fp8=fp8)), unit)
+            return _to_unit(float(k.gemm(m, float(n) * kk, fp8=fp8, inputs_per_row=kk, outputs_per_row=n)), unit)
         if row.kind == "kernel_decode_attention":
             qh, kvh = row.get("q_heads"), row.get("kv_heads")
             path, rows = k.decode_path(self.engine_of(row), qh, kvh)
@@ -350,7 +350,9 @@ class Checker:
         spec = shard(self.model_spec(row.model), row.tp, where=f"measurements line {row.line}: column 'tp'")
         tokens = row.get("batch")
         if row.kind == "kernel_layer_gemms":
-            return _to_unit(float(k.gemm(tokens, spec.dense_params_per_layer, fp8=fp8, launches=4)), unit)
+            inputs, outputs = spec.dense_activations_per_layer
+            return _to_unit(float(k.gemm(tokens, spec.dense_params_per_layer, fp8=fp8, launches=4,
+                                         inputs_per_row=inputs, outputs_per_row=outputs)), unit)
         if row.kind == "kernel_moe":
             if not spec.is_moe:
                 raise ProfileError(f"model {row.model!r} has no experts")

@@ -1,15 +1,17 @@
-"""Which roofline exponent the FP8 GEMM kernel group should use, by held-out shapes.
+"""Two open choices of the FP8 GEMM kernel form, decided on held-out shapes.
 
 InferSim's DeepGEMM tables (benchmarks/data, 34 shapes on H20 and 10 on H800, 11 M values each)
 hold far more shapes than `measurements.csv` samples. For each GPU the shapes are split in two
 alternating halves; the `gemm_fp8` group is fitted (calibrate.fit_group, the same robust loss
 and search `lmsim profile calibrate` uses) on one half and checked on the other, then the halves
-swap. Two forms are compared:
+swap. The forms compared:
 
-* shared: the FP8 kernel uses the BF16 GEMMs' roofline exponent (the GPU's `roofline_n`);
-* own: the FP8 kernel group fits its own `roofline_n_fp8`.
+* the roofline's memory side: the weights alone, or the weights and the activation rows
+  (M x K read, M x N written; `Efficiency.gemm_moves_activations`);
+* the exponent: shared (the GPU's `roofline_n`, the BF16 GEMMs') or the FP8 group's own
+  `roofline_n_fp8` (`calibrate.ALTERNATIVES`).
 
-    python benchmarks/fp8_exponent_heldout.py
+    python benchmarks/fp8_gemm_heldout.py
 
 prints, per GPU and form, the held-out rows within 10%, beyond 25% and the rms log ratio.
 """
@@ -43,10 +45,10 @@ def rows_of(gpu: str) -> list[Measurement]:
     return out
 
 
-def held_out(gpu: str, own_exponent: bool) -> np.ndarray:
+def held_out(gpu: str, own_exponent: bool, activations: bool = True) -> np.ndarray:
     rows = rows_of(gpu)
     shapes = sorted({(r.get("gemm_k"), r.get("gemm_n")) for r in rows})
-    base = replace(efficiency_for(load_gpu(gpu)), roofline_n_fp8=None)
+    base = replace(efficiency_for(load_gpu(gpu)), roofline_n_fp8=None, gemm_moves_activations=activations)
     params = ("gemm_mfu_fp8", "weight_stream_eff_fp8", "gemm_launch_fp8_s") + (("roofline_n_fp8",) if own_exponent else ())
     logs = []
     for fold in (0, 1):
@@ -61,13 +63,16 @@ def held_out(gpu: str, own_exponent: bool) -> np.ndarray:
 
 
 def main() -> None:
-    print(f"{'gpu':5s} {'exponent':8s} {'rows':>5s} {'within 10%':>11s} {'beyond 25%':>11s} {'rms log':>8s}")
+    print(f"{'gpu':5s} {'memory side':12s} {'exponent':8s} {'rows':>5s} {'within 10%':>11s} {'beyond 25%':>11s} "
+          f"{'rms log':>8s}")
     for gpu in ("h20", "h800"):
-        for own in (False, True):
-            lr = held_out(gpu, own)
-            ratio = np.exp(lr)
-            print(f"{gpu:5s} {'own' if own else 'shared':8s} {len(lr):5d} {np.mean(np.abs(ratio - 1) <= 0.1):11.2f} "
-                  f"{int(np.sum(np.abs(ratio - 1) > 0.25)):11d} {math.sqrt(float(np.mean(lr ** 2))):8.3f}")
+        for activations in (False, True):
+            for own in (False, True):
+                lr = held_out(gpu, own, activations)
+                ratio = np.exp(lr)
+                print(f"{gpu:5s} {'+activations' if activations else 'weights':12s} {'own' if own else 'shared':8s} "
+                      f"{len(lr):5d} {np.mean(np.abs(ratio - 1) <= 0.1):11.2f} "
+                      f"{int(np.sum(np.abs(ratio - 1) > 0.25)):11d} {math.sqrt(float(np.mean(lr ** 2))):8.3f}")
 
 
 if __name__ == "__main__":
