@@ -228,6 +228,15 @@ def test_gemm_memory_side_moves_weights_and_activation_rows():
     assert float(alone) * 1e6 == pytest.approx(14_680_064 / 1.675e12 * 1e6, rel=1e-12)
 
 
+def test_gemm_memory_side_switch_must_be_a_boolean():
+    from lmsim.profile.analytic import Efficiency
+
+    assert Efficiency.from_mapping({"gemm_moves_activations": False}, "spec").gemm_moves_activations is False
+    with pytest.raises(ProfileError, match=r"^my GPU spec: field 'efficiency.gemm_moves_activations' must be "
+                                           r"true or false, got 'yes'$"):
+        Efficiency.from_mapping({"gemm_moves_activations": "yes"}, "my GPU spec")
+
+
 def test_dense_activations_per_layer_by_hand():
     """Llama-3-8B (hidden 4096, 32 q / 8 KV heads of 128, MLP 14,336): a token reads the
     hidden state in QKV (4096), the attention output in O (4096), the hidden state again in
