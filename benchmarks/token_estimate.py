@@ -26,13 +26,15 @@ import glob
 import json
 import re
 import subprocess
+import sysconfig
 import tempfile
 from pathlib import Path
 
 from lmsim.workload.text_tokens import PIECE, estimate_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-CJK_DIRS = sorted(glob.glob("/usr/lib/python3*/test/cjkencodings") + glob.glob("/root/.pyenv/versions/*/lib/python3*/test/cjkencodings"))
+# CPython's own CJK codec test texts, wherever this interpreter's standard library lives.
+CJK_DIRS = sorted(glob.glob(str(Path(sysconfig.get_paths()["stdlib"]) / "test" / "cjkencodings")))
 SOURCES = {
     "prose": [ROOT.parent / "shared/seed/000_11428ae48a3bab77.txt",
               Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0")],

@@ -79,9 +79,9 @@ def test_run_refuses_a_sweep() -> None:
 
 def _readme_policy_example() -> str:
     text = README.read_text()
-    section = text[text.index("### Routing policies"):]
+    section = text[text.index("## Adding a policy"):]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README's Routing policies section has no python block"
+    assert match, "README's 'Adding a policy' section has no python block"
     return match.group(1)
 
 

@@ -1,5 +1,6 @@
-"""The README's examples run as written (issue 24): every ```bash and ```python block, in
-the order a reader meets them, in one empty folder, the way a new user would type them.
+"""The README's examples run as written (issue 24), and so do the manual's (docs/): every
+```bash and ```python block of a page, in the order a reader meets them, in one empty folder
+per page, the way a new user would type them.
 
 A block preceded by `<!-- not tested: reason -->` is skipped (installing the package,
 running this very suite); a block preceded by `<!-- file: NAME -->` is not run but saved
@@ -17,8 +18,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The manual's hand-written pages; the generated reference holds help text, not examples.
+MANUAL_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "generated" not in p.parts)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SKIP = re.compile(r"<!-- not tested: (.+?) -->")
 FILE = re.compile(r"<!-- file: (\S+) -->")
@@ -72,10 +77,20 @@ def test_the_blocks_are_found_and_skips_stay_rare() -> None:
 
 
 def test_readme_examples_run_as_written(tmp_path: Path) -> None:
+    _run_page(README, tmp_path)
+
+
+@pytest.mark.parametrize("page", MANUAL_PAGES, ids=lambda p: str(p.relative_to(ROOT / "docs")))
+def test_manual_examples_run_as_written(page: Path, tmp_path: Path) -> None:
+    _run_page(page, tmp_path)
+
+
+def _run_page(page: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     env = _environment(tmp_path)
-    for block in readme_blocks(README.read_text()):
+    name = page.relative_to(ROOT)
+    for block in readme_blocks(page.read_text()):
         if block.lang not in ("bash", "python") or block.skip:
             continue
         if block.file:
@@ -85,7 +100,7 @@ def test_readme_examples_run_as_written(tmp_path: Path) -> None:
             sys.executable, "-c", block.body]  # fmt: skip
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (
-            f"README.md line {block.line} ({block.lang} block) failed with exit {proc.returncode}:\n"
+            f"{name} line {block.line} ({block.lang} block) failed with exit {proc.returncode}:\n"
             f"{block.body}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
         )
-        assert "Traceback" not in proc.stderr, f"README.md line {block.line}:\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, f"{name} line {block.line}:\n{proc.stderr[-3000:]}"
