@@ -173,7 +173,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config, trace = _prepare(args, config, capacity="lookup")
     print(f"{args.experiment}: ok ({len(trace)} requests, policy {config.router.policy}, "
           f"{config.cluster.describe()})")
-    load = describe_load(load_resolution(config, trace))
+    load = describe_load(load_resolution(config, trace), config)
     if load:
         print(load)
     return 0
@@ -195,7 +195,7 @@ def _validate_sweep(args: argparse.Namespace, config) -> int:
         _check_config(point_config, at)
         point_config, trace = _prepare(args, point_config, capacity="lookup", where=at)
         requests.add(len(trace))
-        load = describe_load(load_resolution(point_config, trace))
+        load = describe_load(load_resolution(point_config, trace), point_config)
         if load and load not in loads:
             loads.append(load)
     counts = "-".join(str(n) for n in sorted({min(requests), max(requests)}))
@@ -232,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = results.summary
     print(format_summary(config.name, s))
     if load:
-        print(describe_load(load))
+        print(describe_load(load, config))
     print(f"run directory: {out}  (total {time.perf_counter() - started:.1f}s)")
     return 0
 

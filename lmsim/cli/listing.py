@@ -5,6 +5,7 @@ names every command accepts in place of a path."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import textwrap
@@ -12,7 +13,7 @@ from typing import Any
 
 from lmsim.cli.options import command_help
 
-KINDS = ("experiments", "profiles", "traces", "policies", "generators")
+KINDS = ("experiments", "profiles", "traces", "policies", "generators", "models", "gpus", "engines")
 
 
 def register_cli(subparsers: Any) -> None:
@@ -81,8 +82,13 @@ def _print_entries(entries: list[tuple[str, str]], name_width: int | None = None
 
 def cmd_list(args: argparse.Namespace) -> int:
     {"experiments": _list_experiments, "profiles": _list_profiles, "traces": _list_traces,
-     "policies": _list_policies, "generators": _list_generators}[args.what]()  # fmt: skip
+     "policies": _list_policies, "generators": _list_generators, "models": _list_models,
+     "gpus": _list_gpus, "engines": _list_engines}[args.what]()  # fmt: skip
     return 0
+
+
+# Bundled experiments that only a command runs (`lmsim bench`), not a user.
+INTERNAL_EXPERIMENTS = ("bench/",)
 
 
 def _list_experiments() -> None:
@@ -92,6 +98,8 @@ def _list_experiments() -> None:
 
     entries = []
     for name in bundled_experiment_names():
+        if name.startswith(INTERNAL_EXPERIMENTS):
+            continue
         try:
             raw = yaml.safe_load((EXPERIMENTS_DIR / f"{name}.yaml").read_text()) or {}
         except (OSError, yaml.YAMLError):
@@ -132,11 +140,9 @@ def _list_traces() -> None:
 
 
 def _list_policies() -> None:
-    import inspect
-
     from lmsim.policies import POLICIES
 
-    _print_entries([(name, first_paragraph(inspect.getdoc(POLICIES.get(name)) or "")) for name in POLICIES.names()])
+    _print_entries([(name, first_paragraph(own_doc(POLICIES.get(name)) or "(no description)")) for name in POLICIES.names()])
     print("(`lmsim policies` adds their parameters; `lmsim policies NAME` prints one in full)")
 
 
@@ -154,14 +160,13 @@ def _list_generators() -> None:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    import inspect
 
     from lmsim.policies import POLICIES
 
     if args.name is not None:
         cls = POLICIES.get(args.name, where="lmsim policies")
         print(args.name)
-        print(cite_only_shipped_documents(inspect.getdoc(cls) or "(no description)"))
+        print(cite_only_shipped_documents(own_doc(cls) or "(no description)"))
         print()
         _print_parameters(args.name, cls)
         return 0
@@ -169,9 +174,18 @@ def cmd_policies(args: argparse.Namespace) -> int:
     for name in POLICIES.names():
         cls = POLICIES.get(name)
         role = "[P/D] " if getattr(cls, "disaggregated", False) else ""  # routes prefill + decode pools
-        _print_entries([(name, role + first_paragraph(inspect.getdoc(cls) or ""))], width)
+        _print_entries([(name, role + first_paragraph(own_doc(cls) or "(no description)"))], width)
         _print_parameters(name, cls, indent=width)
     return 0
+
+
+def own_doc(cls: type) -> str | None:
+    """The class's own docstring: a plug-in without one is not described by its base class's
+    text (`inspect.getdoc` inherits it)."""
+    import inspect
+
+    doc = cls.__dict__.get("__doc__")
+    return inspect.cleandoc(doc) if doc else None
 
 
 def _print_parameters(name: str, cls: type, indent: int = 0) -> None:
@@ -188,3 +202,44 @@ def _print_parameters(name: str, cls: type, indent: int = 0) -> None:
     for key, why in getattr(cls, "default_reasons", {}).items():
         default = params[key].default if key in params else "?"
         print(f"{pad}default {key}={default!r}: {why}")
+
+
+def _list_models() -> None:
+    from lmsim.profile.hardware import count_parameters, load_model, shipped_models
+
+    entries = []
+    for key, entry in shipped_models().items():
+        model = load_model(key)
+        aliases = ", ".join(str(a) for a in entry.get("aliases") or ())
+        shape = f"{count_parameters(model) / 1e9:.1f}B parameters, {model.layers} layers"
+        if model.experts:
+            shape += f", {model.experts} experts ({model.experts_per_token} a token)"
+        entries.append((key, shape + (f" (also: {aliases})" if aliases else "")))
+    _print_entries(entries)
+    print("(`lmsim profile new --model NAME --gpu GPU` builds a profile; any Hugging Face config.json works too)")
+
+
+def _list_gpus() -> None:
+    from lmsim.profile.hardware import load_gpu, shipped_gpus
+
+    entries = []
+    for key in shipped_gpus():
+        gpu = load_gpu(key)
+        entries.append((key, f"{gpu.name}: {gpu.peak_bf16_flops / 1e12:,.0f} TFLOPS BF16, "
+                             f"{gpu.hbm_bandwidth_bytes_s / 1e12:.2f} TB/s, {gpu.memory_gb_nominal:g} GB"))
+    _print_entries(entries)
+    print("(`lmsim profile new --gpu NAME`, or your own spec YAML with the same fields)")
+
+
+def _list_engines() -> None:
+    from lmsim.config import DEFAULT_ENGINE, ENGINE_PRESETS
+    from lmsim.profile.hardware import load_engines
+
+    print("engine releases a cluster schedules as (cluster.engine):")
+    _print_entries([(key, ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(preset).items())
+                     + (" (default)" if key == DEFAULT_ENGINE else ""))
+                    for key, preset in ENGINE_PRESETS.items()])  # fmt: skip
+    table = load_engines()
+    print("serving engines a profile is priced for (lmsim profile new --engine):")
+    _print_entries([(key, spec.name + (" (default)" if key == table.default else ""))
+                    for key, spec in table.engines.items() if not key.endswith("-kernel")])  # fmt: skip

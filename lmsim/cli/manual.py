@@ -181,7 +181,7 @@ def policy_api_page() -> str:
 
 
 def policies_page() -> str:
-    from lmsim.cli.listing import cite_only_shipped_documents
+    from lmsim.cli.listing import cite_only_shipped_documents, own_doc
     from lmsim.policies import POLICIES
 
     out = [NOTE, "# Routing policies\n\n",
@@ -191,7 +191,7 @@ def policies_page() -> str:
         cls = POLICIES.get(name)
         role = " [P/D]" if getattr(cls, "disaggregated", False) else ""
         out.append(f"## `{name}`{role}\n\n")
-        out.append(cite_only_shipped_documents(inspect.getdoc(cls) or "(no description)") + "\n\n")
+        out.append(cite_only_shipped_documents(own_doc(cls) or "(no description)") + "\n\n")
         params = POLICIES.parameters(name)
         if params:
             out.append("| parameter | default |\n|---|---|\n")

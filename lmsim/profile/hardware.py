@@ -30,6 +30,7 @@ exceeds them), as vLLM's column/row-parallel layers split them; norms are replic
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -381,12 +382,33 @@ def _first(cfg: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
     return None, None
 
 
+class ModelConfigWarning(UserWarning):
+    """A model config field changes the real model's cost but lmsim does not price it."""
+
+
+def _warn_ignored_fields(cfg: dict, where: str) -> None:
+    """Say so when a config's attention window is narrower than its context: lmsim prices
+    attention over the whole context, so a sliding-window model (Mistral-7B v0.1: 4,096)
+    is priced too dear past the window. Qwen2's configs carry `sliding_window` with
+    `use_sliding_window: false`, which vLLM ignores too, so no warning there."""
+    window = cfg.get("sliding_window")
+    if window is None or cfg.get("use_sliding_window") is False:
+        return
+    context = cfg.get("max_position_embeddings")
+    if isinstance(context, int) and isinstance(window, int) and window >= context:
+        return
+    warnings.warn(f"{where}: field 'sliding_window' ({window}) is ignored: attention is priced "
+                  "over the whole context, so steps past the window cost more than on the real model",
+                  ModelConfigWarning, stacklevel=2)
+
+
 def model_from_config(cfg: Any, where: str, *, key: str, name: str, source: str) -> ModelSpec:
     """A `ModelSpec` (whole model, tp 1) from the keys of a Hugging Face config.json."""
     if not isinstance(cfg, dict):
         raise ProfileError(f"{where}: expected a JSON object of config.json keys")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    _warn_ignored_fields(cfg, where)
     layers = _int(cfg, where, "num_hidden_layers")
     hidden = _int(cfg, where, "hidden_size")
     heads = _int(cfg, where, "num_attention_heads")

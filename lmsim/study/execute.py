@@ -312,12 +312,18 @@ def _lock(out: Path) -> Iterator[None]:
     except ImportError:  # no advisory locks on this platform; concurrent sweeps unguarded
         yield
         return
-    with open(out / LOCK_FILE, "w") as fh:
+    path = out / LOCK_FILE
+    with open(path, "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise SweepError(f"{out}: another sweep is writing to this directory") from None
-        yield
+        try:
+            yield
+        finally:
+            # Removed while still held, so a sweep waiting on it finds it gone or free; the
+            # folder is left as the sweep's files alone.
+            path.unlink(missing_ok=True)
 
 
 def _run_inline(tasks: list[dict[str, Any]], report: Callable[[dict[str, Any]], None]) -> None:
@@ -447,9 +453,8 @@ def run_sweep(
     if executor == "dask":
         client, cluster = _dask_client(jobs, scheduler)  # fails before anything is touched
 
-    from tqdm import tqdm
-
     from lmsim.plugins import loaded_plugins
+    from lmsim.progress import progress_bar
 
     experiment_dir = str(Path(experiment).resolve().parent)
     plugins = loaded_plugins()
@@ -491,7 +496,8 @@ def run_sweep(
             print(
                 f"sweep {first.name}: {counted(len(points), 'run')}, {len(outcome.skipped)} already complete, "
                 f"{len(todo)} to run on {where}; output {out_dir}"
-                + (f" ({default} holds another configuration's runs or files, kept)" if out_given != default else "")
+                + (f" ({default} holds another configuration's runs or files, kept)"
+                   if out is None and out_given != default else "")
                 + (f"; {counted(len(outcome.stale), 'finished run')} of another configuration replaced (--overwrite)"
                    if outcome.stale else "")
                 + (f"; {counted(len(outcome.removed), 'run')} of points it no longer has removed (--overwrite)"
@@ -500,8 +506,7 @@ def run_sweep(
                    if outcome.earlier else ""),
                 flush=True,
             )
-            bar = tqdm(total=len(todo), unit="run", desc="sweep", disable=not progress or not todo,
-                       file=sys.stderr, dynamic_ncols=True)  # fmt: skip
+            bar = progress_bar(progress and bool(todo), total=len(todo), unit="run", desc="sweep")
 
             def report(result: dict[str, Any]) -> None:
                 name = result["name"]

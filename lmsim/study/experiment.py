@@ -232,14 +232,21 @@ def simulate(config: ExperimentConfig, trace: Trace, *, progress: Callable[[int]
     return results
 
 
-def describe_load(resolution: dict[str, Any]) -> str:
-    """One console line for a resolved `load:`."""
+def describe_load(resolution: dict[str, Any], config: ExperimentConfig | None = None) -> str:
+    """One console line for a resolved `load:`. On a disaggregated cluster it names whose
+    capacity that is: the whole prefill + decode fleet's, under the capacity policy on both
+    roles, since "capacity" alone would read as a colocated cluster's."""
     if not resolution:
         return ""
+    whose = ""
+    if config is not None and config.cluster.is_disaggregated:
+        from lmsim.study.capacity import describe_reference
+
+        whose = f" of this disaggregated cluster ({config.cluster.describe()}) under {describe_reference(config)}"
     if resolution["capacity_req_s"] is None:
-        return (f"load {resolution['load']:g}: capacity not shipped or cached; "
+        return (f"load {resolution['load']:g}: capacity{whose} not shipped or cached; "
                 "`lmsim run` would search for it (minutes)")
-    return (f"load {resolution['load']:g} of capacity {resolution['capacity_req_s']:.4g} req/s "
+    return (f"load {resolution['load']:g} of capacity {resolution['capacity_req_s']:.4g} req/s{whose} "
             f"({resolution['capacity_source']}) = arrival rate {resolution['load_rate_req_s']:.4g} req/s")
 
 
