@@ -103,7 +103,7 @@ def lmsim_child(a: dict) -> dict:
     import time
 
     from lmsim.config import validate
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
     from lmsim.study.experiment import load_workload_trace
 
     started = time.perf_counter()
@@ -127,7 +127,7 @@ def lmsim_child(a: dict) -> dict:
         where="against_dynamo",
     )
     trace = load_workload_trace(config)
-    sim = Simulation(config, trace)
+    sim = build_simulation(config, trace)
     setup = time.perf_counter() - started
     cpu = time.process_time()
     results = sim.run()

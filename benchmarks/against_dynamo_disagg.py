@@ -68,7 +68,7 @@ json.dump({"summary": {k: report.summary.get(k) for k in keys}, "per_request": r
 def lmsim_run(a: dict) -> tuple[dict, object]:
     """The lmsim replay in this interpreter: (summary, requests frame)."""
     from lmsim.config import ClusterConfig, validate
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
     from lmsim.study.experiment import load_workload_trace
 
     poly = {"kind": "polynomial"}
@@ -99,7 +99,7 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
         "output": {"figures": False},
     }, where="against_dynamo_disagg")
     trace = load_workload_trace(config)
-    sim = Simulation(config, trace)
+    sim = build_simulation(config, trace)
     if not has_switch and not a["outputs_hit"]:
         sim._continuation[:] = -1
     results = sim.run()

@@ -125,6 +125,7 @@ class MockerPolynomial:
 def lmsim_side(a: dict) -> dict:
     import lmsim.engine.simulation as simulation
     from lmsim.config import ClusterConfig, validate
+    from lmsim.study.compose import make_policy
     from lmsim.study.experiment import load_workload_trace
 
     tiers: dict = {}
@@ -154,7 +155,7 @@ def lmsim_side(a: dict) -> dict:
     if a["step_model"] == "mocker":
         model = MockerPolynomial(a["gpu_blocks"] * 16)
         simulation.load_cost_model = lambda spec: model
-    sim = simulation.Simulation(config, trace)
+    sim = simulation.Simulation(config, trace, make_policy(config))
     if not naming_switch:
         sim._continuation[:] = -1  # outputs get no names: no request hits another's answer
     r = sim.run()

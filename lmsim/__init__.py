@@ -42,7 +42,7 @@ Overrides = dict[str, Any] | list[str] | None
 
 
 def _experiment_path(path_or_name: str | os.PathLike[str]) -> Path:
-    from lmsim.data import bundled_experiment
+    from lmsim.shipped import bundled_experiment
 
     path = Path(path_or_name)
     if path.exists():

@@ -670,7 +670,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         if path.suffix in (".yaml", ".yml"):
             raise ConfigError(f"{path}: experiment file not found")
-        from lmsim.data import bundled_experiment_names
+        from lmsim.shipped import bundled_experiment_names
 
         # A bare name was meant as a bundled experiment: say which there are.
         raise ConfigError(

@@ -9,7 +9,7 @@ import pytest
 
 from lmsim.config import ExperimentConfig, validate
 from lmsim.engine.results import Results
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 from lmsim.workload.trace import Trace
 
 
@@ -65,7 +65,7 @@ def make_config(**sections: Any) -> ExperimentConfig:
 
 
 def simulate(trace: Trace, **sections: Any) -> Results:
-    return Simulation(make_config(**sections), trace).run()
+    return build_simulation(make_config(**sections), trace).run()
 
 
 @pytest.fixture

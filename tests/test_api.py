@@ -141,7 +141,7 @@ def test_a_loaded_config_remembers_its_yaml_folder(tmp_path: Path, monkeypatch) 
     its serialized form (and so config.yaml and every digest of it) is unchanged."""
     import shutil
 
-    from lmsim.data import TRACES_DIR
+    from lmsim.shipped import TRACES_DIR
 
     proj = tmp_path / "proj"
     (proj / "data").mkdir(parents=True)

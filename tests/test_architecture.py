@@ -89,7 +89,7 @@ def _layer(module: str) -> str:
 def test_the_reader_finds_lazy_and_relative_imports():
     # A hand-checkable case: simulation imports invariants only inside a method.
     assert "lmsim.engine.invariants" in GRAPH["lmsim.engine.simulation"]
-    assert "lmsim.engine.request" in GRAPH["lmsim.policies.base"]
+    assert "lmsim.engine.request" in GRAPH["lmsim.policies._common"]
     assert len(MODULES) > 40
 
 
@@ -124,6 +124,25 @@ def _violations(layer: str, forbidden: set[str]) -> list[str]:
 
 def test_engine_imports_no_study_viz_or_cli():
     assert _violations("engine", {"study", "viz", "cli"}) == []
+
+
+def test_engine_knows_policies_only_through_the_routing_contract():
+    """The engine is handed a policy object (lmsim.study.compose creates it from the registry)
+    and reads the contract in lmsim.routing; it never imports the policies package."""
+    assert _violations("engine", {"policies"}) == []
+    assert "lmsim.routing" in GRAPH["lmsim.engine.router"]
+
+
+def test_the_routing_contract_sits_below_engine_and_policies():
+    assert GRAPH["lmsim.routing"] == set()
+    assert "lmsim.routing" in GRAPH["lmsim.policies.base"]
+
+
+def test_data_folders_hold_data_not_code():
+    """Analysis code lives in the package's modules; lmsim/data/ ships YAML, CSV, Parquet,
+    Markdown, shell recipes and figures only."""
+    code = sorted(str(p.relative_to(PACKAGE_DIR)) for p in (PACKAGE_DIR / "data").rglob("*.py"))
+    assert code == []
 
 
 def test_simpy_is_imported_only_by_the_engine():

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import LINEAR, make_config, make_trace
 from lmsim.cli.profile import build_new
-from lmsim.engine.simulation import Simulation
 from lmsim.profile.tables import TableCostModel
+from lmsim.study.compose import build_simulation
 
 HOST = {**LINEAR, "per_decode_seq_s": 0.0, "host_step_s": 0.004}
 
@@ -23,7 +23,7 @@ def _simulate(trace, async_scheduling: bool, stop_at_s: float | None = None, **c
     config = make_config(
         cluster={"profile": HOST, "async_scheduling": async_scheduling, "admission": "first_chunk", **cluster}
     )
-    simulation = Simulation(config, trace)
+    simulation = build_simulation(config, trace)
     return simulation, simulation.run(stop_at_s=stop_at_s)
 
 
@@ -112,7 +112,7 @@ def test_kv_events_of_a_step_planned_ahead_are_published_when_the_step_in_flight
         simulation={"fast_forward": fast_forward},
     )
     trace = make_trace([0.0, 10.0], [32, 80], [40, 1], [[1, 2], [1, 2, 3, 4, 5]], parent_id=[-1, 0])
-    simulation = Simulation(config, trace)
+    simulation = build_simulation(config, trace)
     log: list[tuple[int, bool, float]] = []
     simulation.policy.ctx.subscribe_kv_events(lambda i, h, stored, t: log.append((h, stored, t)))
     simulation.run(stop_at_s=1.0)

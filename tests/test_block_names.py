@@ -9,7 +9,7 @@ import numpy as np
 from conftest import make_config, make_trace, simulate
 from lmsim.engine.block_names import BlockNames, first_unnamed_key
 from lmsim.engine.kv_cache import ANON
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 
 
 def test_synthetic_names_start_above_every_trace_key():
@@ -75,13 +75,13 @@ def test_a_finished_requests_output_blocks_age_in_the_lru_queue():
     # tail block queues where it is freed, first of its release: [-1, 8, 7, -1, 12, 11, 2,
     # 1], and 12 never-used blocks.)
     trace = make_trace([0.0, 0.1], [32, 32], [40, 2], [[1, 2], [7, 8]], session_id=[0, 1])
-    sim = Simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "content_free_first"}), trace)
+    sim = build_simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "content_free_first"}), trace)
     result = sim.run()
     assert result.requests.finished_at.iloc[1] < result.requests.finished_at.iloc[0]
     cache = sim.instances[0].scheduler.cache
     assert cache.free_queue() == [8, 7, 12, 11, 2, 1]
     assert cache.num_plain_free == 14  # 20 - 6 entries: the two partial tails, never used
-    sim = Simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "release"}), trace)
+    sim = build_simulation(make_config(cluster={"num_gpu_blocks": 20, "free_queue_order": "release"}), trace)
     sim.run()
     cache = sim.instances[0].scheduler.cache
     assert cache.free_queue() == [ANON, 8, 7, ANON, 12, 11, 2, 1]
@@ -113,7 +113,7 @@ def test_without_generated_block_caching_output_blocks_are_never_cache_entries()
     config = make_config(
         cluster={"num_gpu_blocks": 20, "cache_generated_blocks": False, "free_queue_order": "content_free_first"}
     )
-    sim = Simulation(config, trace)
+    sim = build_simulation(config, trace)
     sim.run()
     cache = sim.instances[0].scheduler.cache
     assert cache.free_queue() == [8, 7, 2, 1]

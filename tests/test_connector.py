@@ -11,7 +11,7 @@ import pytest
 
 from conftest import make_config, make_trace
 from lmsim.engine.clock import ARRIVAL, schedule_at
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 
 
 class FixedDelayConnector:
@@ -45,7 +45,7 @@ class FixedDelayConnector:
 
 
 def run(trace, cluster=None, **connector):
-    sim = Simulation(make_config(cluster=cluster or {}), trace)
+    sim = build_simulation(make_config(cluster=cluster or {}), trace)
     conn = FixedDelayConnector(sim, **connector)
     for instance in sim.instances:
         instance.scheduler.connector = conn
@@ -120,7 +120,7 @@ def test_fast_forward_changes_nothing_with_a_connector(kwargs):
     trace = make_trace([0.0, 0.02, 0.03, 0.2], [160, 100, 160, 160], [60, 80, 40, 30], blocks)
     results = []
     for ff in (True, False):
-        sim = Simulation(make_config(cluster={"num_gpu_blocks": 40}, simulation={"fast_forward": ff, "check": True}), trace)
+        sim = build_simulation(make_config(cluster={"num_gpu_blocks": 40}, simulation={"fast_forward": ff, "check": True}), trace)
         conn = FixedDelayConnector(sim, **kwargs)
         for instance in sim.instances:
             instance.scheduler.connector = conn

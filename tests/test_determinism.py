@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from lmsim.config import ExperimentConfig, validate
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 from lmsim.study.rundir import load_run, save_run
 from lmsim.workload.generators import generate
 from lmsim.workload.trace import read_parquet
@@ -67,7 +67,7 @@ def raw_experiment(trace_path: Path, policy: str, *, seed: int = 0, fast_forward
 
 
 def run_and_save(config: ExperimentConfig, trace_path: Path, out: Path) -> tuple[dict[str, bytes], dict[str, Any]]:
-    results = Simulation(config, read_parquet(trace_path)).run()
+    results = build_simulation(config, read_parquet(trace_path)).run()
     save_run(results, out, figure=False)
     return read_run(out)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import LINEAR, make_config, make_trace
-from lmsim.engine.simulation import Simulation
 from lmsim.errors import ConfigError
+from lmsim.study.compose import build_simulation
 
 PROFILE = {**LINEAR, "kv_bytes_per_token": 1e6}
 LINK = {"bandwidth_bytes_s": 1e9, "latency_s": 0.002, "sharing": "fair"}
@@ -38,7 +38,7 @@ def pd_config(prefill=1, decode=1, *, transfer=None, policy=None, prefill_pool=N
 
 
 def run(trace, **kwargs):
-    return Simulation(pd_config(**kwargs), trace).run()
+    return build_simulation(pd_config(**kwargs), trace).run()
 
 
 def test_one_request_through_prefill_transfer_and_first_decode_step():
@@ -219,7 +219,7 @@ def test_fast_forward_changes_nothing_and_invariants_hold(policy, sharing):
         cfg = pd_config(2, 3, transfer={"sharing": sharing}, policy=policy, decode_pool={"num_gpu_blocks": 120},
                         prefill_pool={"num_gpu_blocks": 200, "max_num_batched_tokens": 256},
                         simulation={"fast_forward": ff, "check": True})
-        out.append(Simulation(cfg, trace).run())
+        out.append(build_simulation(cfg, trace).run())
     assert out[0].requests.equals(out[1].requests)
     assert out[0].requests.status.astype(str).eq("finished").all()
 
@@ -227,18 +227,18 @@ def test_fast_forward_changes_nothing_and_invariants_hold(policy, sharing):
 def test_a_disaggregated_cluster_refuses_a_colocated_policy_and_vice_versa():
     trace = make_trace([0.0], [160], [1])
     with pytest.raises(ConfigError, match=r"router.policy: 'vllm' routes a colocated cluster, and this one has prefill and decode pools"):
-        Simulation(pd_config(policy={"policy": "vllm"}), trace)
+        build_simulation(pd_config(policy={"policy": "vllm"}), trace)
     with pytest.raises(ConfigError, match=r"router.policy: 'pd' routes prefill and decode pools, and this cluster has none"):
-        Simulation(make_config(router={"policy": "pd"}), trace)
+        build_simulation(make_config(router={"policy": "pd"}), trace)
 
 
 def test_a_prefill_profile_must_state_its_kv_bytes():
     with pytest.raises(ConfigError, match=r"cluster.pools.prefill.profile: a prefill pool's profile must state kv_bytes_per_token"):
-        Simulation(make_config(cluster={"profile": LINEAR, "pools": [
+        build_simulation(make_config(cluster={"profile": LINEAR, "pools": [
             {"name": "prefill", "role": "prefill", "num_instances": 1},
             {"name": "decode", "role": "decode", "num_instances": 1}]}, router={"policy": "pd"}), make_trace([0.0], [16], [1]))
 
 
 def test_llmd_pd_needs_the_decode_choice_at_arrival():
     with pytest.raises(ConfigError, match=r"'llmd_pd' as configured chooses the decode instance before the prefill"):
-        Simulation(pd_config(policy={"policy": "llmd_pd"}, transfer={"decode_choice": "after_prefill"}), make_trace([0.0], [16], [1]))
+        build_simulation(pd_config(policy={"policy": "llmd_pd"}, transfer={"decode_choice": "after_prefill"}), make_trace([0.0], [16], [1]))

@@ -17,8 +17,8 @@ import pytest
 
 from conftest import make_config, make_trace, simulate
 from lmsim.engine.instance import Instance
-from lmsim.engine.simulation import Simulation
 from lmsim.policies.disagg import colocated_policy_names
+from lmsim.study.compose import build_simulation
 from lmsim.study.rundir import requests_table
 from lmsim.workload.generators import generate
 from lmsim.workload.scaling import scale_to_rate
@@ -47,7 +47,7 @@ def _requests_bytes(trace, policy: str, fast_forward: bool, engine: str | None =
         router={"policy": policy},
         simulation={"fast_forward": fast_forward, "check": False},
     )
-    results = Simulation(config, trace).run()
+    results = build_simulation(config, trace).run()
     buffer = io.BytesIO()
     pq.write_table(requests_table(results.requests), buffer)
     return buffer.getvalue()
@@ -79,9 +79,9 @@ def test_fast_forward_actually_skips_events():
         router={"policy": "lmetric"},
         simulation={"check": False},
     )
-    on = Simulation(config, trace).run().summary
+    on = build_simulation(config, trace).run().summary
     off_cfg = config.model_copy(update={"simulation": config.simulation.model_copy(update={"fast_forward": False})})
-    off = Simulation(off_cfg, trace).run().summary
+    off = build_simulation(off_cfg, trace).run().summary
     assert on["num_steps"] == off["num_steps"]  # the same steps happen...
     assert off["num_step_events"] == off["num_steps"]  # ...one event each without it...
     assert on["num_step_events"] < off["num_steps"] / 3  # ...and far fewer events with it
@@ -165,7 +165,7 @@ def _cache_after_refilling_an_evicted_block(fast_forward: bool):
         cluster={"num_gpu_blocks": 8, "free_queue_order": "content_free_first"},
         simulation={"fast_forward": fast_forward},
     )
-    simulation = Simulation(config, trace)
+    simulation = build_simulation(config, trace)
     summary = simulation.run(stop_at_s=50.0).summary
     cache = simulation.instances[0].cache
     return cache.free_queue(), cache.entries(), cache.num_evictions, summary["num_step_events"]
@@ -195,7 +195,7 @@ def _scraped_snapshot(fast_forward: bool) -> dict:
         router={"policy": "round_robin", "view": {"load_view": "scraped", "scrape_interval_s": 0.1}},
         simulation={"fast_forward": fast_forward},
     )
-    simulation = Simulation(config, make_trace([0.0], [32], [1000]))
+    simulation = build_simulation(config, make_trace([0.0], [32], [1000]))
     simulation.run(stop_at_s=0.45)
     return simulation.adapter._snapshots[0]
 
@@ -218,7 +218,7 @@ def _kv_event_log(fast_forward: bool) -> list[tuple[int, bool, float]]:
     change their stamps."""
     config = make_config(cluster={"engine": "vllm-0.11"}, simulation={"fast_forward": fast_forward})
     trace = make_trace([0.0, 10.0], [32, 80], [40, 1], [[1, 2], [1, 2, 3, 4, 5]], parent_id=[-1, 0])
-    simulation = Simulation(config, trace)
+    simulation = build_simulation(config, trace)
     log: list[tuple[int, bool, float]] = []
     simulation.policy.ctx.subscribe_kv_events(lambda i, h, stored, t: log.append((h, stored, t)))
     simulation.run(stop_at_s=1.0)
@@ -257,6 +257,6 @@ def test_a_truncated_runs_old_end_after_the_instance_went_idle_is_ignored(monkey
     trace = make_trace([0.0, 0.045], [16, 16], [10, 1])
     # the invariant checks hold steps to "a request alone is the cheapest", which this model breaks
     config = make_config(simulation={"check": False})
-    records = Simulation(config, trace).run().requests.set_index("request_id")
+    records = build_simulation(config, trace).run().requests.set_index("request_id")
     assert records.loc[1, "finished_at"] == pytest.approx(0.054)
     assert records.loc[0, "finished_at"] == pytest.approx(0.094)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from conftest import make_config
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 from lmsim.workload.generators import generate
 
 POLICY = {
@@ -21,7 +21,7 @@ def run(trace):
         router=POLICY,
         simulation={"check": False},
     )
-    return Simulation(config, trace).run().router_events
+    return build_simulation(config, trace).run().router_events
 
 
 def test_detector_fires_during_the_burst_and_names_its_class():

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import make_config, make_trace
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 
 
 def _run(trace, fast_forward: bool, **cluster):
     config = make_config(cluster={"engine": "vllm-0.11", **cluster}, simulation={"fast_forward": fast_forward})
-    simulation = Simulation(config, trace)
+    simulation = build_simulation(config, trace)
     return simulation, simulation.run()
 
 

@@ -25,12 +25,13 @@ from lmsim.engine.scheduler import InstanceScheduler
 from lmsim.engine.simulation import Simulation
 from lmsim.errors import InvariantError
 from lmsim.profile.base import LinearCostModel
+from lmsim.study.compose import build_simulation
 
 HASHED = make_trace([0.0], [100], [10], [[1, 2, 3, 4, 5, 6]])
 
 
 def build(trace, **sections) -> Simulation:
-    return Simulation(make_config(**sections), trace)
+    return build_simulation(make_config(**sections), trace)
 
 
 def fails_with(sim: Simulation, message: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import make_config, make_trace
 from lmsim.engine.clock import SAMPLE, schedule_at
 from lmsim.engine.kv_tiers import BlockStore
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 
 A, B = list(range(1, 11)), list(range(100, 115))
 EVICT = make_trace([0.0, 1.0, 2.0], [160, 240, 160], [1, 1, 1], [A, B, A])
@@ -33,7 +33,7 @@ def run(trace, kv_tiers=None, blocks=16, **sim):
     cluster = {"num_gpu_blocks": blocks}
     if kv_tiers is not None:
         cluster["kv_tiers"] = kv_tiers
-    s = Simulation(make_config(cluster=cluster, simulation={"check": True, **sim}), trace)
+    s = build_simulation(make_config(cluster=cluster, simulation={"check": True, **sim}), trace)
     return s, s.run()
 
 
@@ -73,7 +73,7 @@ def test_a_block_enters_host_memory_when_its_copy_lands_and_disk_after_that():
     # reach host memory (0.33), and 0.16 s more to reach the disk (0.49).
     disk = {"capacity_blocks": 100, "read_bytes_s": 1e6, "write_bytes_s": 1e6, "latency_s": 0.0}
     trace = make_trace([0.0], [160], [1], [A])
-    sim = Simulation(make_config(cluster={"num_gpu_blocks": 16, "kv_tiers": tiers(write=1e6, disk=disk)}), trace)
+    sim = build_simulation(make_config(cluster={"num_gpu_blocks": 16, "kv_tiers": tiers(write=1e6, disk=disk)}), trace)
     tier = sim.kv_tiers[0]
     seen = {}
 
@@ -203,6 +203,6 @@ def test_a_preempted_request_waits_behind_loaded_ones_so_a_small_pool_drains():
     raw["cluster"] = {**raw["cluster"], "num_gpu_blocks": 150, "kv_tiers": tiers(host=2000)}
     raw["simulation"] = {"drain_limit_s": 100, "check": True}
     cfg = validate(raw, where="test")
-    r = Simulation(cfg, load_workload_trace(cfg)).run()
+    r = build_simulation(cfg, load_workload_trace(cfg)).run()
     assert r.summary["num_unfinished"] == 0 and r.summary["num_preemptions"] > 0
     assert r.summary["kv_num_loads"] > 0

@@ -12,10 +12,10 @@ import pytest
 from conftest import LINEAR, make_config, make_trace
 from lmsim.engine.connector import MultiConnector, attach_connector
 from lmsim.engine.request import Request
-from lmsim.engine.simulation import Simulation
 from lmsim.policies import POLICIES
 from lmsim.policies.base import Policy
 from lmsim.profile.base import LinearCostModel
+from lmsim.study.compose import build_simulation
 
 A, B = list(range(1, 11)), list(range(100, 115))
 EVICT = make_trace([0.0, 1.0, 2.0], [160, 240, 160], [1, 1, 1], [A, B, A])
@@ -37,7 +37,7 @@ class Recording(Policy):
 def test_the_view_reports_gpu_then_host_overlap(view):
     # At A2's arrival (2.0) A's first block is on the GPU and the 9 others in host memory.
     cfg = make_config(cluster={"num_gpu_blocks": 16, "kv_tiers": TIERS}, router={"policy": "round_robin", "view": view})
-    sim = Simulation(cfg, EVICT)
+    sim = build_simulation(cfg, EVICT)
     policy = Recording()
     policy.bind(sim.policy.ctx)
     sim.router.policy = sim.policy = policy
@@ -46,7 +46,7 @@ def test_the_view_reports_gpu_then_host_overlap(view):
 
 
 def test_without_tiers_the_view_reports_gpu_only():
-    sim = Simulation(make_config(cluster={"num_gpu_blocks": 16}), EVICT)
+    sim = build_simulation(make_config(cluster={"num_gpu_blocks": 16}), EVICT)
     request = Request(9, 0.0, 160, 1, A)
     assert not sim.router.cluster.has_kv_tiers
     assert sim.router.cluster.cached_prefix_tokens_by_tier(request) == [(0, 0, 0)]
@@ -121,7 +121,7 @@ def test_tier_aware_policies_run_end_to_end_and_differ_from_gpu_only_routing():
     for policy in ("dynamo", "lmetric", "llmd_scorer"):
         cfg = make_config(cluster={"num_instances": 2, "num_gpu_blocks": 16, "kv_tiers": TIERS},
                           router={"policy": policy})
-        r = Simulation(cfg, trace).run()
+        r = build_simulation(cfg, trace).run()
         assert (r.requests.status.astype(str) == "finished").all()
 
 
@@ -169,7 +169,7 @@ def test_attach_connector_composes():
 def test_tiers_behind_another_connector_load_what_it_does_not_offer():
     # A P/D-like connector that offers nothing here, then the tiers: the host hit still loads.
     cfg = make_config(cluster={"num_gpu_blocks": 16, "kv_tiers": TIERS})
-    sim = Simulation(cfg, EVICT)
+    sim = build_simulation(cfg, EVICT)
     scheduler = sim.instances[0].scheduler
     tiers = scheduler.connector
     scheduler.connector = None

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import LINEAR, make_config, make_trace
-from lmsim.engine.simulation import Simulation
 from lmsim.policies.disagg import colocated_policy_names
+from lmsim.study.compose import build_simulation
 
 SLOW = dict(LINEAR)
 FAST = {**LINEAR, "per_prefill_token_s": 0.0005}
@@ -32,7 +32,7 @@ def test_llmd_sends_a_request_to_the_faster_pool(seed):
     # profile both would be 110 ms and a seeded coin would decide.
     trace = make_trace([0.0], [100], [1])
     cfg = make_config(cluster=mixed(), router={"policy": "llmd"}, seed=seed)
-    r = Simulation(cfg, trace).run()
+    r = build_simulation(cfg, trace).run()
     req = r.requests.iloc[0]
     assert req.instance_id == 1
     assert req.ttft_s == pytest.approx(0.060)
@@ -46,13 +46,13 @@ def test_llmd_uses_each_pools_batch_limit():
     trace = make_trace([0.0], [100], [1])
     for budget, where, ttft in ((40, 1, 0.080), (20, 1, 0.100), (10, 0, 0.110)):
         cfg = make_config(cluster=mixed(max_num_batched_tokens=budget), router={"policy": "llmd"})
-        req = Simulation(cfg, trace).run().requests.iloc[0]
+        req = build_simulation(cfg, trace).run().requests.iloc[0]
         assert (req.instance_id, req.ttft_s) == (where, pytest.approx(ttft))
 
 
 def test_views_carry_each_instances_pool_and_profile():
     trace = make_trace([0.0], [100], [1])
-    sim = Simulation(make_config(cluster=mixed(2, 1, max_num_seqs=7)), trace)
+    sim = build_simulation(make_config(cluster=mixed(2, 1, max_num_seqs=7)), trace)
     views = sim.router.cluster.instances
     assert [v.pool for v in views] == ["slow", "slow", "fast"]
     assert [v.cost_model.per_prefill_token_s for v in views] == [0.001, 0.001, 0.0005]
@@ -67,7 +67,7 @@ COLOCATED = colocated_policy_names()
 def test_every_colocated_policy_runs_on_a_mixed_fleet(policy):
     blocks = [list(range(1, 7)), list(range(1, 9)), list(range(20, 26)), list(range(1, 7))]
     trace = make_trace([0.0, 0.01, 0.02, 0.03] * 3, [100, 130, 100, 110] * 3, [5, 3, 8, 2] * 3, blocks * 3)
-    r = Simulation(make_config(cluster=mixed(2, 2), router={"policy": policy}), trace).run()
+    r = build_simulation(make_config(cluster=mixed(2, 2), router={"policy": policy}), trace).run()
     assert r.requests.status.astype(str).eq("finished").all()
     assert set(r.requests.instance_id) <= {0, 1, 2, 3}
 

@@ -119,7 +119,7 @@ def test_trace_outputs_replace_their_own_files(tmp_path, monkeypatch):
 
 
 def test_profile_plot_writes_into_the_working_directory(tmp_path, monkeypatch):
-    from lmsim.data import PROFILES_DIR
+    from lmsim.shipped import PROFILES_DIR
 
     shipped = sorted(PROFILES_DIR.rglob("*"))
     stamps = {p: p.stat().st_mtime_ns for p in shipped}
@@ -140,7 +140,7 @@ def test_profile_generate_replaces_its_own_profile(tmp_path):
 
 def test_shipped_data_is_written_only_from_a_source_checkout(tmp_path, monkeypatch, capsys):
     import lmsim.cli.capacity as capacity_cli
-    from lmsim.data import check_source_checkout
+    from lmsim.shipped import check_source_checkout
 
     installed = tmp_path / "lib/python3.11/site-packages/lmsim/data/experiments/capacity.json"
     installed.parent.mkdir(parents=True)

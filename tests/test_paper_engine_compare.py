@@ -1,4 +1,4 @@
-"""experiments/paper/engine_compare.py: Figure 23's runs again on another engine at the very
+"""lmsim.analysis.paper_engine_compare: Figure 23's runs again on another engine at the very
 arrival times the default runs replayed, and the claims' numbers under both."""
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""experiments/paper/verdicts.py: the claims table's numbers from saved sweeps, llm-d judged as
+"""lmsim.analysis.paper_verdicts: the claims table's numbers from saved sweeps, llm-d judged as
 deployed (paired by seed) with the oracle beside it, and a before -> after table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,17 +10,18 @@ import pytest
 import yaml
 from test_sweep import tiny_experiment, write_experiment
 
-from lmsim.data import EXPERIMENTS_DIR
 from lmsim.study.execute import run_sweep
 from lmsim.study.index import read_index
 
 
 def paper_script(name: str):
-    """A script of experiments/paper (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"paper_{name}", EXPERIMENTS_DIR / "paper" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """An analysis of the paper reproduction (lmsim.analysis.paper_NAME), freshly imported so a
+    test's monkeypatching stays its own."""
+    import importlib
+    import sys
+
+    sys.modules.pop(f"lmsim.analysis.paper_{name}", None)
+    return importlib.import_module(f"lmsim.analysis.paper_{name}")
 
 
 def _verdicts():

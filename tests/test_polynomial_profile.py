@@ -11,9 +11,9 @@ import pytest
 
 from conftest import make_config, make_trace
 from lmsim.config import validate
-from lmsim.engine.simulation import Simulation
 from lmsim.errors import ConfigError
 from lmsim.profile import bind_kv_capacity, load_cost_model
+from lmsim.study.compose import build_simulation
 
 CAP = 280_000
 PREFILL_4096 = 0.08575598
@@ -52,7 +52,7 @@ def test_the_engine_binds_each_pools_kv_size():
     # 6.07655 ms); then two decodes at 101 and 102 tokens.
     trace = make_trace([0.0], [100], [3])
     cfg = make_config(cluster={"profile": {"kind": "polynomial"}})
-    sim = Simulation(cfg, trace)
+    sim = build_simulation(cfg, trace)
     assert sim.instances[0].scheduler.cost_model.kv_capacity_tokens == 16_000
     r = sim.run().requests.iloc[0]
 

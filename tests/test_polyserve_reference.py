@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_config
-from lmsim.engine.simulation import Simulation
 from lmsim.policies.base import argmin_first
 from lmsim.policies.polyserve import PolyServe
 from lmsim.policies.predictive import estimate_ttft
+from lmsim.study.compose import build_simulation
 from lmsim.study.rundir import requests_table
 from lmsim.workload.generators import generate
 from lmsim.workload.scaling import scale_to_rate
@@ -66,7 +66,7 @@ def _run(rate: float) -> tuple[bytes, dict]:
         },
         simulation={"check": False},
     )
-    results = Simulation(config, trace).run()
+    results = build_simulation(config, trace).run()
     buffer = io.BytesIO()
     pq.write_table(requests_table(results.requests), buffer)
     return buffer.getvalue(), results.summary

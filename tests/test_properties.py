@@ -37,8 +37,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import LINEAR, make_config, make_trace
-from lmsim.engine.simulation import Simulation
 from lmsim.policies.disagg import colocated_policy_names
+from lmsim.study.compose import build_simulation
 
 POLICY_NAMES = colocated_policy_names()
 BS = 16  # engine and trace block size
@@ -198,7 +198,7 @@ class Scenario:
         )
 
     def run(self, fast_forward: bool = True):
-        return Simulation(self.config(fast_forward), self.trace()).run()
+        return build_simulation(self.config(fast_forward), self.trace()).run()
 
 
 @st.composite
@@ -275,7 +275,7 @@ def scenarios(draw, policy: str | None = None, fit: bool = True) -> Scenario:
 
 
 def check_scenario(sc: Scenario, *, in_hypothesis: bool = True) -> None:
-    simulation = Simulation(sc.config(True), sc.trace())
+    simulation = build_simulation(sc.config(True), sc.trace())
     on = simulation.run()
     n = len(sc.rows)
     status = list(on.requests.status.astype(str))
@@ -436,6 +436,6 @@ def test_found_by_hypothesis_a_busy_engine_can_prefill_faster_than_an_idle_one_o
     sc.rows = [Row(0, 1, 4, 0, False), Row(40, 17, 1, 0, False)]
     check_scenario(sc, in_hypothesis=False)
     r = sc.run()
-    floor = idle_prefill_time(Simulation(sc.config(True), sc.trace()), 17, 0)
+    floor = idle_prefill_time(build_simulation(sc.config(True), sc.trace()), 17, 0)
     assert r.requests.ttft_s.iloc[1] == pytest.approx(0.028544, abs=1e-6)
     assert r.requests.ttft_s.iloc[1] < floor == pytest.approx(0.028616, abs=1e-6)

@@ -70,7 +70,7 @@ def test_unknown_generator_keeps_generate_error():
 
 def test_replay_of_a_hit_equals_replay_of_a_fresh_trace():
     from lmsim.config import validate
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
     from lmsim.study.experiment import load_workload_trace
 
     raw = {
@@ -80,7 +80,7 @@ def test_replay_of_a_hit_equals_replay_of_a_fresh_trace():
         "router": {"policy": "lmetric"},
     }  # fmt: skip
     config = validate(raw, where="test")
-    runs = [Simulation(config, load_workload_trace(config)).run() for _ in range(2)]  # miss, then hit
+    runs = [build_simulation(config, load_workload_trace(config)).run() for _ in range(2)]  # miss, then hit
     assert len(experiment._trace_cache) == 1
     assert runs[0].requests.equals(runs[1].requests)
     timing = ("wall_time_s", "requests_per_wall_s", "router_us_per_decision")
@@ -129,7 +129,7 @@ def test_compact_trace_keeps_every_id_in_half_the_bytes():
 @pytest.mark.parametrize("generator", ["coder", "toolagent"])  # 16- and 512-token trace blocks
 def test_replay_of_a_compact_trace_equals_the_int64_reference(generator):
     from lmsim.config import validate
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
 
     raw = {
         "name": "compact", "seed": 0,
@@ -141,7 +141,7 @@ def test_replay_of_a_compact_trace_equals_the_int64_reference(generator):
     small_trace = generate(generator, {"num_requests": 80}, seed=0)
     trace = small_trace.replace(hash_values=small_trace.hash_values.astype(np.int64))
     assert small_trace.hash_values.dtype == np.int32
-    wide, small = Simulation(config, trace).run(), Simulation(config, small_trace).run()
+    wide, small = build_simulation(config, trace).run(), build_simulation(config, small_trace).run()
     assert wide.requests.equals(small.requests)
     assert wide.instances.equals(small.instances)
 

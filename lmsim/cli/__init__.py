@@ -355,7 +355,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _experiment_paths(given: str | list[str]) -> str | list[str]:
     """A bare name that is not a file names a bundled experiment (`quickstart`,
     `traces/coder`), so bundled runs work from any directory after `pip install .`."""
-    from lmsim.data import bundled_experiment
+    from lmsim.shipped import bundled_experiment
 
     def one(arg: str) -> str:
         if Path(arg).exists():

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from lmsim.cli.options import add_plugin_option, command_help
-from lmsim.data import check_source_checkout
 from lmsim.errors import ConfigError
+from lmsim.shipped import check_source_checkout
 from lmsim.study.bundle import bundle_experiments
 from lmsim.study.capacity import BUNDLED_PATH, CapacitySearch, describe_reference, resolve_capacity
 

@@ -36,7 +36,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"])")
 
 def document_exists(name: str) -> bool:
     """A cited document is in the repository (a source checkout) or ships in lmsim/data."""
-    from lmsim.data import DATA_DIR
+    from lmsim.shipped import DATA_DIR
 
     return any((base / name).is_file() for base in (DATA_DIR, DATA_DIR.parent.parent))
 
@@ -94,7 +94,7 @@ INTERNAL_EXPERIMENTS = ("bench/",)
 def _list_experiments() -> None:
     import yaml
 
-    from lmsim.data import EXPERIMENTS_DIR, bundled_experiment_names
+    from lmsim.shipped import EXPERIMENTS_DIR, bundled_experiment_names
 
     entries = []
     for name in bundled_experiment_names():
@@ -113,8 +113,8 @@ def _list_experiments() -> None:
 def _list_profiles() -> None:
     import yaml
 
-    from lmsim.data import PROFILES_DIR
     from lmsim.profile.tables import _known_profiles
+    from lmsim.shipped import PROFILES_DIR
 
     entries = []
     for name in _known_profiles():
@@ -132,7 +132,7 @@ def _list_profiles() -> None:
 def _list_traces() -> None:
     import pyarrow.parquet as pq
 
-    from lmsim.data import TRACES_DIR
+    from lmsim.shipped import TRACES_DIR
 
     _print_entries([(path.stem, f"{pq.ParquetFile(path).metadata.num_rows:,} requests ({path.name})")
                     for path in sorted(TRACES_DIR.glob("*.parquet"))])  # fmt: skip

@@ -146,7 +146,7 @@ def _cell(text: str) -> str:
 
 
 def policy_api_page() -> str:
-    from lmsim.policies import base
+    from lmsim import routing as base
 
     source = inspect.getsource(base)
     tree = ast.parse(source)

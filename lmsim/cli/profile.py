@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from lmsim.cli.options import add_overwrite_option, command_help
-from lmsim.data import PROFILES_DIR, check_source_checkout
 from lmsim.errors import ProfileError
 from lmsim.outputs import check_output_file, is_signed_figure
 from lmsim.profile.analytic import (
@@ -24,6 +23,7 @@ from lmsim.profile.tables import (
     load_table_profile,
     write_profile,
 )
+from lmsim.shipped import PROFILES_DIR, check_source_checkout
 
 
 def register_cli(subparsers) -> None:

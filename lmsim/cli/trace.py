@@ -82,7 +82,7 @@ def register_cli(subparsers: Any) -> None:
 def trace_path(arg: str) -> str:
     """A trace argument: a path, or the name of a bundled trace (`kimi_conversation_sample`)
     when no such file exists, so the shipped traces work from any directory."""
-    from lmsim.data import bundled_trace
+    from lmsim.shipped import bundled_trace
 
     if Path(arg).exists():
         return arg

@@ -20,7 +20,7 @@ from lmsim.engine.kv_cache import GlobalPrefixIndex
 from lmsim.engine.kv_tiers import TieredKV
 from lmsim.engine.request import Request
 from lmsim.errors import PolicyError
-from lmsim.policies.base import Policy
+from lmsim.routing import Policy
 
 
 class LiveInstanceView:

@@ -1,6 +1,7 @@
-"""Composition root: build a cluster from a validated config and replay a workload on it.
+"""One simulation: build a cluster from a validated config and replay a workload on it.
 
-`Simulation(config, trace).run()` returns `Results`; nothing is written here. Randomness
+`Simulation(config, trace, policy).run()` returns `Results`; nothing is written here (the
+study layer's `lmsim.study.compose.build_simulation` creates the policy). Randomness
 comes from one `numpy.random.SeedSequence(config.seed)` spawned into independent streams
 (policy, router view), so a run is a pure function of its config and trace.
 """
@@ -35,9 +36,8 @@ from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.errors import ConfigError, InvariantError
-from lmsim.policies import POLICIES, Policy
-from lmsim.policies.disagg import check_policy_shape
 from lmsim.profile import StepCostModel, bind_kv_capacity, load_cost_model
+from lmsim.routing import Policy
 from lmsim.workload.trace import Trace
 
 PROGRESS_EVERY = 256  # arrivals between progress callbacks
@@ -80,7 +80,11 @@ class _Context:
 
 
 class Simulation:
-    def __init__(self, config: ExperimentConfig, trace: Trace) -> None:
+    """One run on one SimPy clock. `policy` is the routing policy object, created and checked
+    against the cluster's shape by whoever composes the run (`lmsim.study.compose`): the
+    engine knows policies only through the contract in `lmsim.routing`."""
+
+    def __init__(self, config: ExperimentConfig, trace: Trace, policy: Policy) -> None:
         self.config = config
         self.trace = trace
         cfg = config.cluster
@@ -151,10 +155,7 @@ class Simulation:
         self.max_model_len = min(windows) if windows else None
 
         seeds = np.random.SeedSequence(config.seed).spawn(2)
-        check_policy_shape(config.router.policy, cfg.is_disaggregated, where="router.policy")
-        self.policy: Policy = POLICIES.create(
-            config.router.policy, config.router.params, where="router.params"
-        )
+        self.policy = policy
         self.disagg: Disaggregation | None = None
         if cfg.is_disaggregated:
             self.disagg = Disaggregation(self)
@@ -518,8 +519,4 @@ class Simulation:
         return Results.from_simulation(self, wall)
 
 
-def run_experiment(config: ExperimentConfig, trace: Trace) -> Results:
-    return Simulation(config, trace).run()
-
-
-__all__ = ["InvariantError", "Simulation", "run_experiment"]
+__all__ = ["InvariantError", "Simulation"]

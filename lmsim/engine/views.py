@@ -45,8 +45,14 @@ from typing import Any
 
 from lmsim.engine.kv_cache import leading_matches
 from lmsim.engine.request import Request
-from lmsim.policies._common import capped_blocks, check_choice, check_number
-from lmsim.policies.base import ClusterView, InstanceView, RouterContext
+from lmsim.routing import (
+    ClusterView,
+    InstanceView,
+    RouterContext,
+    capped_blocks,
+    check_choice,
+    check_number,
+)
 
 _LOAD_FIELDS = (
     "num_running",

@@ -7,50 +7,22 @@ be in [0, 1], got 1.5").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from lmsim.engine.request import Request
-from lmsim.policies.base import argmin_first, argmin_random
+from lmsim.routing import (
+    argmin_first,
+    argmin_random,
+    capped_blocks,
+    check_bool,
+    check_choice,
+    check_number,
+)
 
-
-def check_number(
-    name: str,
-    value: Any,
-    *,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    integer: bool = False,
-) -> float:
-    """Validate a numeric parameter; bools are rejected (YAML `yes` is not a number)."""
-    kind = "an integer" if integer else "a number"
-    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok_type or (not integer and math.isnan(value)):
-        raise ValueError(f"param {name!r} must be {kind}, got {value!r}")
-    if lo is not None and hi is not None:
-        left = "(" if lo_open else "["
-        if value < lo or value > hi or (lo_open and value == lo):
-            raise ValueError(f"param {name!r} must be in {left}{lo}, {hi}], got {value!r}")
-    elif lo is not None and (value < lo or (lo_open and value == lo)):
-        op = ">" if lo_open else ">="
-        raise ValueError(f"param {name!r} must be {op} {lo}, got {value!r}")
-    return value
-
-
-def check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"param {name!r} must be one of {'|'.join(allowed)}, got {value!r}")
-    return value
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"param {name!r} must be true or false, got {value!r}")
-    return value
+__all__ = ["capped_blocks", "check_bool", "check_choice", "check_number"]  # re-exported for the families
 
 
 class InflightCounter:
@@ -102,11 +74,6 @@ def pick_min(scores: Sequence[Any], tie_break: str, rng: np.random.Generator, st
     if tie_break == "rotate":
         return argmin_rotating(scores, start)
     return argmin_first(scores)
-
-
-def capped_blocks(request: Request, block_size: int) -> int:
-    """Prompt blocks a cache hit may cover: the engine always computes at least one token."""
-    return max(0, (request.input_tokens - 1) // block_size)
 
 
 def estimator_cost_models(ctx: Any, profile: Any) -> list[Any]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsim.data import PROFILES_DIR
 from lmsim.errors import ProfileError
 from lmsim.profile.base import LinearCostModel, StepCostModel
+from lmsim.shipped import PROFILES_DIR
 
 __all__ = [
     "PROFILES_DIR", "LinearCostModel", "StepCostModel", "bind_kv_capacity", "kv_bytes_per_token", "load_cost_model",

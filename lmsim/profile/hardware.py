@@ -37,8 +37,8 @@ from typing import Any
 
 import yaml
 
-from lmsim.data import DATA_DIR
 from lmsim.errors import ProfileError
+from lmsim.shipped import DATA_DIR
 
 HARDWARE_DIR = DATA_DIR / "hardware"
 GPUS_DIR = HARDWARE_DIR / "gpus"

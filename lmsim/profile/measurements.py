@@ -112,7 +112,7 @@ def split_of(row_id: str) -> str:
 
 
 def default_table() -> Path:
-    from lmsim.data import PROFILES_DIR
+    from lmsim.shipped import PROFILES_DIR
 
     return PROFILES_DIR / "measurements.csv"
 
@@ -273,9 +273,9 @@ class Checker:
             return given
         full = (*key, engine)
         if full not in self._profiles:
-            from lmsim.data import PROFILES_DIR
             from lmsim.profile.analytic import AnalyticModel, profile_name, tabulate
             from lmsim.profile.tables import TableCostModel, load_table_profile
+            from lmsim.shipped import PROFILES_DIR
 
             name = profile_name(*key)
             shipped = PROFILES_DIR / name / "profile.yaml"

@@ -514,7 +514,7 @@ class TableCostModel:
 
 # -- reading ------------------------------------------------------------------------------
 def _known_profiles() -> list[str]:
-    from lmsim.data import PROFILES_DIR
+    from lmsim.shipped import PROFILES_DIR
 
     return sorted(
         str(p.parent.relative_to(PROFILES_DIR)) for p in PROFILES_DIR.glob("*/*/profile.yaml")
@@ -522,7 +522,7 @@ def _known_profiles() -> list[str]:
 
 
 def _display(path: Path) -> str:
-    from lmsim.data import PROFILES_DIR
+    from lmsim.shipped import PROFILES_DIR
 
     try:
         return str(path.resolve().relative_to(PROFILES_DIR.parent))
@@ -532,7 +532,7 @@ def _display(path: Path) -> str:
 
 def resolve_profile(name_or_path: str | Path) -> Path:
     """Path of a profile's `profile.yaml`: an existing file or folder, else a name under profiles/."""
-    from lmsim.data import PROFILES_DIR
+    from lmsim.shipped import PROFILES_DIR
 
     p = Path(name_or_path)
     if p.is_dir():

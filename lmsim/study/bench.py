@@ -39,7 +39,7 @@ class Workload:
 
 
 def workloads(quick: bool) -> list[Workload]:
-    from lmsim.data import EXPERIMENTS_DIR
+    from lmsim.shipped import EXPERIMENTS_DIR
     from lmsim.study.expand import load_sweep
 
     _raw, points = load_sweep(EXPERIMENTS_DIR / "bench" / ("quick.yaml" if quick else "full.yaml"))
@@ -77,7 +77,7 @@ def profile_breakdown(stats: pstats.Stats) -> dict[str, float]:
 
 def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
     """Run one workload in this process; returns its row of the table."""
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
     from lmsim.study.experiment import load_workload_trace
 
     config = validate(w.raw, where=f"bench {w.name}/{w.policy}")
@@ -86,7 +86,7 @@ def run_workload(w: Workload, profile: bool) -> dict[str, Any]:
         print(f"bench {w.name}/{w.policy}: {line}", file=sys.stderr, flush=True)
 
     trace = load_workload_trace(config, log=announce)  # generation and a capacity search are not timed
-    sim = Simulation(config, trace)
+    sim = build_simulation(config, trace)
     profiler = cProfile.Profile() if profile else None
     started, cpu_started = time.perf_counter(), time.process_time()
     if profiler is not None:

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from lmsim.config import ENGINE_SETTING_FIELDS, ExperimentConfig
-from lmsim.data import BUNDLED_CAPACITIES
 from lmsim.errors import ConfigError
+from lmsim.shipped import BUNDLED_CAPACITIES
 from lmsim.workload.scaling import mean_rate, scale_to_rate
 from lmsim.workload.trace import Trace
 
@@ -166,8 +166,8 @@ def idle_arrivals(trace: Trace, service: dict[tuple[int, int], float]) -> np.nda
 def is_sustainable(
     trace: Trace, config: ExperimentConfig, search: CapacitySearch
 ) -> tuple[bool, str]:
-    from lmsim.engine.simulation import Simulation
     from lmsim.profile import kv_bytes_per_token
+    from lmsim.study.compose import build_simulation
 
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
     pools = _pool_models(config)
@@ -191,7 +191,7 @@ def is_sustainable(
     # "after the last arrival" measured in the run would move with the overload it is meant
     # to detect. Whatever is unfinished at the deadline fails the probe, so the run stops.
     deadline = float(idle_arrivals(trace, service).max()) + drain
-    results = Simulation(cfg, trace).run(stop_at_s=deadline)
+    results = build_simulation(cfg, trace).run(stop_at_s=deadline)
     req = results.requests
     finished = req["finished_at"].to_numpy()
     late = int((np.isnan(finished) | (finished > deadline)).sum())

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from lmsim.config import ExperimentConfig
-from lmsim.data import DATA_DIR, bundled_trace
 from lmsim.errors import ConfigError, TraceError
+from lmsim.shipped import DATA_DIR, bundled_trace
 from lmsim.workload.trace import Trace, read_parquet
 
 if TYPE_CHECKING:
@@ -225,9 +225,9 @@ def simulate(config: ExperimentConfig, trace: Trace, *, progress: Callable[[int]
     """Replay `trace` on `config`'s cluster; the summary also names what `workload.load`
     resolved to (`load_resolution`), so runs made by `lmsim run`, a sweep and the API carry
     the same fields."""
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
 
-    results = Simulation(config, trace).run(progress=progress)
+    results = build_simulation(config, trace).run(progress=progress)
     results.summary.update(load_resolution(config, trace))
     return results
 

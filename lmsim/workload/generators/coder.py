@@ -79,7 +79,7 @@ SERVED_MODEL_WINDOW = 131_072
 
 
 def shipped_calibration_path() -> Any:
-    from lmsim.data import TRACES_DIR
+    from lmsim.shipped import TRACES_DIR
 
     return TRACES_DIR / "coder_calibration.json"
 

@@ -22,6 +22,6 @@ lmsim plot runs/beyond/split runs/beyond/routers_colocated --kind param \
 # TTFT and TPOT CDFs of every router, colocated and disaggregated, one row per trace.
 lmsim plot runs/beyond/routers_colocated --kind cdf --format png --out "$FIGURES/routers_colocated" --overwrite > /dev/null || status=1
 lmsim plot runs/beyond/routers_disaggregated --kind cdf --format png --out "$FIGURES/routers_disaggregated" --overwrite > /dev/null || status=1
-python experiments/beyond/tables.py runs/beyond > experiments/beyond/RESULTS.md || status=1
+python -m lmsim.analysis.beyond_tables runs/beyond > experiments/beyond/RESULTS.md || status=1
 echo "figures: $FIGURES; tables: experiments/beyond/RESULTS.md; total $SECONDS s"
 exit $status

@@ -32,7 +32,7 @@ echo "figures: runs/paper/*/figures; $SECONDS s"
 lmsim report runs/paper || status=1
 mkdir -p runs/paper
 # written beside, then renamed: a failed run leaves the previous verdicts.md whole
-if python "$here/verdicts.py" runs/paper --json runs/paper/verdicts.json \
+if python -m lmsim.analysis.paper_verdicts runs/paper --json runs/paper/verdicts.json \
   --before "$here/verdicts_before.json" > runs/paper/.verdicts.md.tmp; then
   mv runs/paper/.verdicts.md.tmp runs/paper/verdicts.md
 else

@@ -13,7 +13,7 @@ out="runs/paper-${ENGINE//[.-]/}"
 extra=()
 [ -n "${LIMIT:-}" ] && extra=(--limit "$LIMIT")
 status=0
-python "$here/engine_compare.py" prepare runs/paper "$out" --set "cluster.engine=$ENGINE" \
+python -m lmsim.analysis.paper_engine_compare prepare runs/paper "$out" --set "cluster.engine=$ENGINE" \
   --fig23-loads "${FIG23_LOADS:-0.5,0.8}" "${extra[@]}" || exit 2
 for fig in fig22 fig23; do
   [ -f "$out/$fig.yaml" ] || continue
@@ -27,7 +27,7 @@ for fig in fig22 fig23; do
   esac
   lmsim plot "$out/$fig" "${kinds[@]}" > /dev/null || status=1
 done
-if python "$here/engine_compare.py" compare runs/paper "$out" --labels "default,$ENGINE" \
+if python -m lmsim.analysis.paper_engine_compare compare runs/paper "$out" --labels "default,$ENGINE" \
   --json "$out/compare.json" > "$out/.compare.md.tmp"; then
   mv "$out/.compare.md.tmp" "$out/compare.md"
 else

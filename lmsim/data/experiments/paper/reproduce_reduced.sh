@@ -12,6 +12,6 @@ for exp in choices_bailian choices choices_llmd_deployed choices_hotspot dynamo_
   nice lmsim sweep "$here/$exp.yaml" -j "$JOBS" "$@" || status=1
   echo "$exp: $((SECONDS - start)) s"
 done
-python "$here/claims_reduced.py" runs/paper-reduced > runs/paper-reduced/claims.md || status=1
+python -m lmsim.analysis.paper_claims_reduced runs/paper-reduced > runs/paper-reduced/claims.md || status=1
 echo "claims: runs/paper-reduced/claims.md; total: $SECONDS s"
 exit $status

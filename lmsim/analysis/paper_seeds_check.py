@@ -5,7 +5,7 @@ move with noise, judged paired over seeds instead of at seed 0.
     for s in 1 2; do for f in fig12 fig15 fig19; do
       lmsim sweep experiments/paper/$f.yaml --set seed=$s --out runs/seeds/$f-s$s -j 2
     done; done
-    python experiments/paper/seeds_check.py runs/paper runs/seeds
+    python -m lmsim.analysis.paper_seeds_check runs/paper runs/seeds
 
 Prints, per trace, each comparison the claims table quotes as mean ± 95% CI of the per-seed
 relative difference (`lmsim.study.replicates.paired`): "lower"/"higher" when the interval

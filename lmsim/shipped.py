@@ -1,4 +1,4 @@
-"""Data that ships inside the package: cost profiles, the sample trace, the bundled
+"""Where the data that ships inside the package is (lmsim/data/, which holds data only): cost profiles, the sample trace, the bundled
 experiments and their measured capacities (`experiments/capacity.json`).
 
 Found through `importlib.resources`, so a wheel install (`pip install .`) and a source
@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-DATA_DIR = Path(str(files("lmsim.data")))
+DATA_DIR = Path(str(files("lmsim"))) / "data"
 PROFILES_DIR = DATA_DIR / "profiles"
 TRACES_DIR = DATA_DIR / "traces"
 EXPERIMENTS_DIR = DATA_DIR / "experiments"

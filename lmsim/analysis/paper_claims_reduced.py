@@ -2,7 +2,7 @@
 
 Every difference is paired by seed and reported as mean ± 95% CI half-width (Student's t over
 the seeds, `lmsim.study.replicates`); "tie" when the interval spans zero. Usage:
-    python experiments/paper/claims_reduced.py runs/paper-reduced > claims.md
+    python -m lmsim.analysis.paper_claims_reduced runs/paper-reduced > claims.md
 """
 
 from __future__ import annotations

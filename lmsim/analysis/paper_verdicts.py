@@ -1,7 +1,7 @@
 """The numbers behind the claims table of experiments/paper/README.md, from saved results only.
 
-    python experiments/paper/verdicts.py runs/paper                   # markdown on stdout
-    python experiments/paper/verdicts.py runs/paper --json runs/paper/verdicts.json \
+    python -m lmsim.analysis.paper_verdicts runs/paper                   # markdown on stdout
+    python -m lmsim.analysis.paper_verdicts runs/paper --json runs/paper/verdicts.json \
         --before experiments/paper/verdicts_before.json                # + before -> after
 
 Every claim of the table gets one section with the numbers its row quotes (latencies in ms),

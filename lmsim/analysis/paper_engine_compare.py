@@ -2,10 +2,10 @@
 (by default `cluster.engine: vllm-0.33`, issue 27) at exactly the arrival times of the saved
 default-engine runs, and the claims' numbers under both.
 
-    python experiments/paper/engine_compare.py prepare runs/paper runs/paper-vllm033 \
+    python -m lmsim.analysis.paper_engine_compare prepare runs/paper runs/paper-vllm033 \
         --set cluster.engine=vllm-0.33 --fig23-loads 0.5,0.8
     lmsim sweep runs/paper-vllm033/fig22.yaml -j 2     # and fig23.yaml
-    python experiments/paper/engine_compare.py compare runs/paper runs/paper-vllm033
+    python -m lmsim.analysis.paper_engine_compare compare runs/paper runs/paper-vllm033
 
 (`reproduce_engine.sh` does all three.) Why not `workload.load` again: a load is a fraction
 of the capacity measured on *this* cluster, so another engine would be offered other rates
@@ -28,7 +28,6 @@ Figure 22 and 23 sections: the verdicts that differ, then every number side by s
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -57,10 +56,9 @@ PAIRS = "pairs.json"
 
 
 def _verdicts() -> Any:
-    spec = importlib.util.spec_from_file_location("paper_verdicts", Path(__file__).with_name("verdicts.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from lmsim.analysis import paper_verdicts
+
+    return paper_verdicts
 
 
 def _canonical(params: dict[str, Any]) -> str:

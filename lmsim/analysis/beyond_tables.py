@@ -1,6 +1,6 @@
 """The tables of experiments/beyond/RESULTS.md, from the saved sweeps (run.sh writes them):
 
-    python experiments/beyond/tables.py runs/beyond > experiments/beyond/RESULTS.md
+    python -m lmsim.analysis.beyond_tables runs/beyond > experiments/beyond/RESULTS.md
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     split = load(root, "split")
     disagg = load(root, "routers_disaggregated")
     lines = ["# experiments/beyond: results", "",
-             "Written by `experiments/beyond/run.sh` (`tables.py`) from the saved sweeps; see README.md there.", "",
+             "Written by `experiments/beyond/run.sh` (`lmsim.analysis.beyond_tables`) from the saved sweeps; see README.md there.", "",
              *split_table(colocated, split), "", *ranking_table(colocated, disagg), "",
              *decode_table(root, colocated, split, disagg), ""]
     print("\n".join(lines))
