@@ -62,7 +62,6 @@ if __name__ == "__main__":  # run as a script: this checkout's lmsim and the tes
     sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from conftest import make_trace  # noqa: E402
-
 from lmsim.config import validate  # noqa: E402
 from lmsim.engine.results import Results  # noqa: E402
 from lmsim.engine.simulation import Simulation  # noqa: E402
@@ -560,9 +559,10 @@ def _summary_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
         x, y = a.get(key), b.get(key)
         if x == y:
             continue
-        if isinstance(x, float) and isinstance(y, float):
-            if (np.isnan(x) and np.isnan(y)) or abs(x - y) <= 1e-12 * max(1.0, abs(x)):
-                continue
+        if isinstance(x, float) and isinstance(y, float) and (
+            (np.isnan(x) and np.isnan(y)) or abs(x - y) <= 1e-12 * max(1.0, abs(x))
+        ):
+            continue
         return f"{key}: {x!r} vs {y!r}"
     return ""
 
@@ -600,8 +600,14 @@ def ending_problem(scenario: dict[str, Any], results: Results) -> str:
     return ""
 
 
-def evaluate(scenario: dict[str, Any], timeout_s: float | None = None) -> list[tuple[str, str]]:
-    """The scenario's findings as (kind, detail); empty when it passes."""
+@dataclass
+class Verdict:
+    findings: list[tuple[str, str]]  # (kind, detail); empty when the scenario passes
+    covered: set[str]  # the engine paths the run went through (`coverage`)
+
+
+def evaluate(scenario: dict[str, Any], timeout_s: float | None = None) -> Verdict:
+    """Run the scenario three ways (module docstring) and judge it."""
     findings: list[tuple[str, str]] = []
     checked, error = _run(scenario, True, True, timeout_s)
     if error:
@@ -621,11 +627,12 @@ def evaluate(scenario: dict[str, Any], timeout_s: float | None = None) -> list[t
         if diff:
             findings.append(("the checked run differs", diff))
     reference = fast or stepped or checked
-    if reference is not None:
-        problem = ending_problem(scenario, reference)
-        if problem:
-            findings.append(("did not end", problem))
-    return findings
+    if reference is None:
+        return Verdict(findings, set())
+    problem = ending_problem(scenario, reference)
+    if problem:
+        findings.append(("did not end", problem))
+    return Verdict(findings, coverage(reference))
 
 
 def coverage(results: Results) -> set[str]:
@@ -661,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     failing = 0
     for scenario in scenarios:
-        findings = evaluate(scenario, args.timeout)
+        findings = evaluate(scenario, args.timeout).findings
         if not findings:
             continue
         failing += 1

@@ -125,7 +125,7 @@ def test_the_tightened_floor_still_catches_an_engine_that_prefills_too_fast():
     sim = Simulation(make_config(cluster={"profile": CONTEXT, "num_gpu_blocks": 62, "max_num_batched_tokens": 32,
                                           "long_prefill_token_threshold": 20}), trace)
     sim.instances[0].scheduler.cost_model = LinearCostModel(2**-7, 2**-10, 2**-12, 2**-21)
-    with pytest.raises(InvariantError, match="request 0 TTFT 0.047877s below its idle prefill time 0.047895s"):
+    with pytest.raises(InvariantError, match=r"request 0 TTFT 0\.047877s below its idle prefill time 0\.047895s"):
         sim.run()
 
 
