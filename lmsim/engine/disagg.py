@@ -30,7 +30,10 @@ The lifecycle is vLLM's NixlConnector, which Dynamo's mocker models in its vLLM 
 
 A decode instance that already caches every whole block of the prompt receives nothing
 (0 bytes) and tells the prefill instance at once. A request preempted on D later recomputes
-there (the prefill's KV is gone).
+there (the prefill's KV is gone). So does one whose leg was preempted on P while its last
+chunk was in flight (asynchronous scheduling): vLLM still gives the leg its token, but its
+blocks are freed, so D prefills the whole prompt (no transfer is recorded; it counts in
+`num_prefilled_on_decode`).
 
 The request object the client sees lives on D; the prefill leg is a second `Request` with
 the same id that exists only on P. The engine's records follow the client; the leg's
