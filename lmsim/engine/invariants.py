@@ -109,7 +109,7 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
 
     # Timestamps: checked as soon as each one exists (first token), and in full at the end.
     # The TTFT floor is an invariant only for an additive cost model (the linear profile):
-    # there, the idle engine's maximal chunks are the cheapest way to prefill. Interpolated
+    # there, the cheapest way to prefill is known (`least_prefill_time`). Interpolated
     # tables are not additive (a table clamped below its first grid point charges a 1-token
     # chunk like a 10-token one), so a busy engine's different chunking can legitimately be
     # a little faster than the idle one; the property tests found such a case.
