@@ -137,7 +137,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "tiers": ("tiers", "single"),
     "pd_tiers": ("tiers", "pd"),
     "mixed_tiers": ("tiers", "mixed"),
-    "async_pd": ("async", "pd"),
+    "async_pd": ("async", "small_pool", "pd"),
     "preempt": ("small_pool", "single"),
     "closed": ("closed_loop", "single"),
     "cut": ("any_topology", "drain_cut"),
