@@ -290,6 +290,9 @@ def _tiers(d: Draft) -> None:
     d.tiers = True
     d.blocks = (6, 24)
     d.shared_prefixes = d.rng.random() < 0.6
+    if not d.dyadic and d.rng.random() < 0.5:  # loads that land exactly on step ends
+        d.profile = d.cluster["profile"] = "dyadic"
+        d.kv_bytes = 2 ** d.rng.randint(12, 20)
 
 
 def _tier_config(d: Draft) -> dict[str, Any]:
@@ -462,7 +465,7 @@ def generate(seed: int, category: str | None = None) -> dict[str, Any]:
     blocks += [p.get("num_gpu_blocks", cluster.get("num_gpu_blocks", 48)) for p in cluster.get("pools", [])]
     scenario = {
         "seed": seed, "category": category, "dimensions": list(CATEGORIES[category]),
-        "profile": profile, "kv_bytes_per_token": kv_bytes,
+        "profile": d.profile, "kv_bytes_per_token": d.kv_bytes,
         "cluster": cluster, "router": d.router, "simulation": d.simulation,
         "rows": _rows(d, min(blocks) * BLOCK),
     }
