@@ -30,7 +30,10 @@ The lifecycle is vLLM's NixlConnector, which Dynamo's mocker models in its vLLM 
 
 A decode instance that already caches every whole block of the prompt receives nothing
 (0 bytes) and tells the prefill instance at once. A request preempted on D later recomputes
-there (the prefill's KV is gone).
+there (the prefill's KV is gone). So does one whose leg was preempted on P while its last
+chunk was in flight (asynchronous scheduling): vLLM still gives the leg its token, but its
+blocks are freed, so D prefills the whole prompt (no transfer is recorded; it counts in
+`num_prefilled_on_decode`).
 
 The request object the client sees lives on D; the prefill leg is a second `Request` with
 the same id that exists only on P. The engine's records follow the client; the leg's
@@ -86,7 +89,7 @@ def check_disaggregated_pools(pools: list[Any], cost_models: dict[str, Any], whe
 class Handoff:
     """One disaggregated request between its arrival and the landing of its KV."""
 
-    __slots__ = ("bytes", "client", "decode_id", "leg", "prefill_id", "started_at", "state")
+    __slots__ = ("bytes", "client", "decode_id", "kv_held", "leg", "prefill_id", "started_at", "state")
 
     def __init__(self, client: Request, leg: Request, prefill_id: int, decode_id: int | None) -> None:
         self.client = client
@@ -96,6 +99,7 @@ class Handoff:
         self.state = PREFILLING
         self.started_at = 0.0
         self.bytes = 0
+        self.kv_held = True  # False: the leg finished without KV to hand over (_PrefillSide)
 
 
 class Disaggregation:
@@ -215,9 +219,16 @@ class Disaggregation:
         reason = sim.dispatch_problem(client, h.decode_id)
         if reason is not None:
             del self.handoffs[client.request_id]
-            sim.instances[h.prefill_id].release_held(h.leg)
+            if h.kv_held:
+                sim.instances[h.prefill_id].release_held(h.leg)
             sim.reject(client, reason)
             self.policy.on_finished(client)
+            return
+        if not h.kv_held:
+            # no KV to receive: the decode instance prefills it like a bypassed request
+            del self.handoffs[client.request_id]
+            self.num_local_prefills += 1
+            sim.instances[h.decode_id].submit(client)
             return
         h.state = AWAITING
         sim.instances[h.decode_id].submit(client)
@@ -297,6 +308,12 @@ def _fold(leg: Request, client: Request) -> None:
     client.lookup_tokens = leg.lookup_tokens
     client.lookup_hit_tokens = leg.lookup_hit_tokens
     client.num_preemptions = leg.num_preemptions
+    # the lower tiers the leg loaded from (lmsim.engine.kv_tiers); the client loads nothing
+    # before its prefill is done, so assigning keeps this idempotent
+    client.kv_hit_tokens_host = leg.kv_hit_tokens_host
+    client.kv_hit_tokens_disk = leg.kv_hit_tokens_disk
+    client.kv_load_bytes = leg.kv_load_bytes
+    client.kv_load_s = leg.kv_load_s
 
 
 class _PrefillSide:
@@ -313,7 +330,14 @@ class _PrefillSide:
         raise AssertionError("a prefill instance loads no KV")
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
-        return True
+        # vLLM NixlConnector `request_finished`: `delay_free_blocks = len(block_ids) > 0`.
+        # A leg preempted while its last chunk was in flight (asynchronous scheduling) still
+        # gets its token, but its blocks were freed (scheduler `_sampled_while_waiting`):
+        # nothing to read, the decode instance recomputes the prompt.
+        held = bool(request.block_keys)
+        if not held:
+            self.disagg.handoffs[request.request_id].kv_held = False
+        return held
 
 
 class _DecodeSide:

@@ -385,13 +385,22 @@ class Instance:
             counts.extend(repeat(decodes, steps - 1))
 
     def record_ended_steps(self) -> None:
-        """The run stops now: record the gaps of the steps in flight that have ended (their
-        plan's commit would have)."""
+        """The run stops now: count the steps in flight that have ended, their busy time and
+        their gaps, as their plan's commit would have (stepping one by one committed each)."""
         now = self.env.now
         for planned in self._inflight:
             k = planned.plan.num_steps
             off = planned.end_offset
-            self._record_step_gaps(planned, bisect_right(planned.ends, now, off, off + k) - off)
+            ended = bisect_right(planned.ends, now, off, off + k) - off
+            self._record_step_gaps(planned, ended)
+            if not ended:
+                continue
+            self.num_steps += ended
+            if self.async_scheduling:
+                host = planned.host
+                self.busy_time_s += sum(d - host if d > host else 0.0 for d in planned.plan.durations[:ended])
+            else:
+                self.busy_time_s += planned.end(ended - 1) - planned.starts[0]
 
     def _time_async(self, plan: StepPlan, now: float) -> _Planned:
         """Step boundaries under asynchronous scheduling (module docstring): step j of the

@@ -109,7 +109,7 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
 
     # Timestamps: checked as soon as each one exists (first token), and in full at the end.
     # The TTFT floor is an invariant only for an additive cost model (the linear profile):
-    # there, the idle engine's maximal chunks are the cheapest way to prefill. Interpolated
+    # there, the cheapest way to prefill is known (`least_prefill_time`). Interpolated
     # tables are not additive (a table clamped below its first grid point charges a 1-token
     # chunk like a 10-token one), so a busy engine's different chunking can legitimately be
     # a little faster than the idle one; the property tests found such a case.
@@ -134,14 +134,15 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
 
 
 def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float | None:
-    """The least TTFT `request` could have had on idle instances, or None when the cost
-    models are not additive (see check_step).
+    """The least TTFT `request` could have had, or None when the cost models are not
+    additive (see check_step).
 
     A request handed over from a prefill instance: its prefill there (after the prefill
-    instance's hit), the transfer at full bandwidth after its latency, then the decode
-    instance's step computing what a transfer never brings (the partial last block, at least
-    the last token). Otherwise: the prefill here after the hit and whatever a connector
-    loaded."""
+    instance's hit and what its lower tiers loaded), the transfer at full bandwidth after its
+    latency, then the decode instance's step computing what a transfer never brings (the
+    partial last block, at least the last token). Otherwise: the prefill here after the hit
+    and whatever a connector loaded. Tokens brought in are at most all but the last one,
+    which is always computed (scheduler `_loaded_tokens`)."""
     s = instance.scheduler
     bs = s.block_size
     rid = request.request_id
@@ -150,19 +151,21 @@ def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float 
         source = sim.instances[int(handoffs.prefill_instance_id[rid])].pool
         if not all(isinstance(sim.pool_cost_models[p.name], LinearCostModel) for p in (source, instance.pool)):
             return None
-        hit = request.cached_tokens or 0
-        floor = idle_prefill_time(sim, max(1, request.input_tokens - hit), hit, source)
+        # the leg's admission facts, folded into the request (disagg `_fold`)
+        tiers = max(request.kv_hit_tokens_host, 0) + max(request.kv_hit_tokens_disk, 0)
+        hit = min((request.cached_tokens or 0) + tiers, request.input_tokens - 1)
+        floor = least_prefill_time(sim, request.input_tokens - hit, hit, source)
         nbytes = int(handoffs.kv_transfer_bytes[rid])
         if nbytes > 0:
             link = sim.config.cluster.transfer
             floor += link.latency_s + nbytes / link.bandwidth_bytes_s
         rest = request.input_tokens - min((request.input_tokens // bs) * bs, request.input_tokens - 1)
-        return floor + idle_prefill_time(sim, rest, request.input_tokens - rest, instance.pool)
+        return floor + least_prefill_time(sim, rest, request.input_tokens - rest, instance.pool)
     if not isinstance(sim.pool_cost_models[instance.pool.name], LinearCostModel):
         return None
     # tokens a connector loaded were not computed here
-    skipped = (request.cached_tokens or 0) + request.kv_external_blocks * bs
-    return idle_prefill_time(sim, max(1, request.input_tokens - skipped), skipped, instance.pool)
+    skipped = min((request.cached_tokens or 0) + request.kv_external_blocks * bs, request.input_tokens - 1)
+    return least_prefill_time(sim, request.input_tokens - skipped, skipped, instance.pool)
 
 
 def _check_handoff_stamps(sim: Simulation, request: Request, instance: Instance, step: int, now: float) -> None:
@@ -172,6 +175,8 @@ def _check_handoff_stamps(sim: Simulation, request: Request, instance: Instance,
     if handoffs is None or instance.pool.role != "decode" or handoffs.prefill_instance_id[rid] < 0:
         return
     done, start, took = handoffs.prefill_done_at[rid], handoffs.kv_transfer_start_at[rid], handoffs.kv_transfer_s[rid]
+    if np.isnan(start):  # its leg lost its KV to a preemption: recomputed here, no transfer
+        start, took = done, 0.0
     if not done <= start <= start + took <= request.first_token_at + _EPS:
         _fail(
             f"request {rid}: prefill done {done:.6f}s, transfer from {start:.6f}s for {took:.6f}s, "
@@ -255,7 +260,7 @@ def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: 
             if h is None or h.state != TRANSFERRING or h.decode_id != inst.instance_id:
                 _fail(f"instance {inst.instance_id} loads request {request.request_id}'s KV outside a transfer", instance, step, now)
     for rid, h in handoffs.items():
-        if h.state != PREFILLING and h.leg not in sim.instances[h.prefill_id].scheduler.held:
+        if h.state != PREFILLING and h.kv_held and h.leg not in sim.instances[h.prefill_id].scheduler.held:
             _fail(f"request {rid} is past its prefill but instance {h.prefill_id} does not hold its KV", instance, step, now)
 
 
@@ -279,6 +284,44 @@ def idle_prefill_time(sim: Simulation, uncached: int, cached: int, pool: Any = N
             total -= cost_model.host_time(1, q)
         done += q
         left -= q
+    return total
+
+
+def least_prefill_time(sim: Simulation, uncached: int, cached: int, pool: Any) -> float:
+    """A lower bound on the time any schedule takes to prefill `uncached` tokens after
+    `cached` ones on `pool`, under the additive linear cost model (the TTFT floor).
+
+    Each step carrying one of the request's chunks (q tokens after c) lasts at least what
+    that chunk alone costs, base + a*q + x*(c + q) (a: per prefill token, x: per context
+    token; other work in the step only adds), and under asynchronous scheduling every step
+    but the first may hide its host time h <= base behind the step before. With n chunks
+    ending at positions e_1 < ... < e_n = cached + uncached the request pays at least
+    base + (n - 1)(base - h) + a*uncached + x*sum(e_i). Chunks are at most Q tokens (the
+    token budget; also `long_prefill_token_threshold` when it is never waived), so
+    n >= ceil(uncached / Q). Both n and sum(e_i) grow with n (an extra chunk adds an end
+    >= 1 and pushes none of the others down), so the fewest chunks win; among those,
+    e_i >= e_n - (n - i)Q, which the short remainder first and full chunks after attain.
+    An idle engine runs the full chunks first (`idle_prefill_time`), which costs
+    x*(n - 1)(Q - remainder) more: maximal chunks first are not the cheapest when context
+    is priced."""
+    engine = pool.engine
+    largest = engine["max_num_batched_tokens"]
+    threshold = engine["long_prefill_token_threshold"]
+    if 0 < threshold < largest and not engine["waive_long_prefill_when_alone"]:
+        largest = threshold
+    cost_model = sim.pool_cost_models[pool.name]
+    overlapped = engine["async_scheduling"]
+    total = 0.0
+    done = cached
+    left = uncached
+    q = uncached - (-(-uncached // largest) - 1) * largest  # the remainder, 1..largest
+    while left > 0:
+        total += cost_model.step_time([(q, done)], 0, 0)
+        if overlapped and done > cached:
+            total -= cost_model.host_time(1, q)
+        done += q
+        left -= q
+        q = largest
     return total
 
 

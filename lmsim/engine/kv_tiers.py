@@ -79,6 +79,7 @@ from itertools import islice, takewhile
 from typing import TYPE_CHECKING, Any
 
 from lmsim.config import KVTiersConfig, TierConfig
+from lmsim.engine.clock import ARRIVAL, schedule_at
 from lmsim.engine.links import Channel, PlannedLane, Transfer, TransferNetwork
 from lmsim.errors import ConfigError
 from lmsim.profile import kv_bytes_per_token as profile_kv_bytes_per_token
@@ -396,6 +397,11 @@ class TieredKV:
         self.loading_ids.add(request.request_id)
 
         def landed(transfer: Transfer) -> None:
+            # Like a P/D transfer's landing (disagg `_landed`): after every step that ends
+            # now, so a tie with a step end resolves alike with fast-forward on and off.
+            schedule_at(self.env, self.env.now, ARRIVAL, lambda _e: ready(transfer))
+
+        def ready(transfer: Transfer) -> None:
             self._load_intervals["h2d"].append((transfer.started_at, transfer.finished_at))
             request.kv_load_s += self.env.now - started
             self.loading_ids.discard(request.request_id)

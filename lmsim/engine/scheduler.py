@@ -923,7 +923,11 @@ class InstanceScheduler:
     def _sampled_while_waiting(self, request: Request, now: float, outcome: StepOutcome) -> None:
         """A request preempted after its token was scheduled gets that token anyway (vLLM
         appends a preempted request's in-flight output); its recompute grows by it, or it is
-        done."""
+        done. Done, it finishes from the waiting queue and the connector hears of it like of
+        any finish (vLLM `update_from_output` -> `_free_request` -> `_connector_finished`,
+        for `stopped_preempted_reqs` too), though it holds no blocks: the preemption freed
+        them, so a P/D prefill leg has no KV left to hand over (NixlConnector
+        `request_finished`: `delay_free_blocks = len(block_ids) > 0`)."""
         self._nondec_tokens += 1
         if request.num_output_done < request.output_tokens:
             self._set_pending(request, request.num_tokens_target - self.hit_blocks(request) * self.block_size)
@@ -931,6 +935,8 @@ class InstanceScheduler:
         self.waiting.remove(request)
         self._nondec_tokens -= request.num_tokens_target
         self._set_pending(request, 0)
+        if self.connector is not None and self.connector.hold_on_finish(self, request):
+            self.held[request] = None
         request.state = _FINISHED
         request.finished_at = now
         outcome.finished.append(request)
