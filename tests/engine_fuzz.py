@@ -66,6 +66,7 @@ from lmsim.config import validate  # noqa: E402
 from lmsim.engine.results import Results  # noqa: E402
 from lmsim.engine.simulation import Simulation  # noqa: E402
 from lmsim.policies.disagg import colocated_policy_names  # noqa: E402
+from lmsim.study.compose import build_simulation  # noqa: E402
 
 BLOCK = 16
 COLOCATED = sorted(colocated_policy_names())
@@ -508,7 +509,7 @@ def build(scenario: dict[str, Any], *, fast_forward: bool, check: bool) -> Simul
         parent_id=np.array([x["parent"] for x in rows], dtype=np.int64),
         session_id=np.array([x["session"] for x in rows], dtype=np.int64),
     )
-    return Simulation(validate(raw, where=raw["name"]), trace)
+    return build_simulation(validate(raw, where=raw["name"]), trace)
 
 
 class _WallTimeout(Exception):

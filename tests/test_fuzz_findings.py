@@ -14,9 +14,9 @@ import pytest
 
 from conftest import LINEAR, make_config, make_trace
 from lmsim.engine.invariants import idle_prefill_time, least_prefill_time
-from lmsim.engine.simulation import Simulation
 from lmsim.errors import InvariantError
 from lmsim.profile.base import LinearCostModel
+from lmsim.study.compose import build_simulation
 
 DYADIC = {"kind": "linear", "step_base_s": 2**-7, "per_prefill_token_s": 2**-10,
           "per_decode_seq_s": 0.0, "per_context_token_s": 0.0}
@@ -28,7 +28,7 @@ def run_both(trace, **sections):
     for fast_forward in (True, False):
         config = make_config(**sections)
         sim_cfg = config.simulation.model_copy(update={"fast_forward": fast_forward})
-        results.append(Simulation(config.model_copy(update={"simulation": sim_cfg}), trace).run())
+        results.append(build_simulation(config.model_copy(update={"simulation": sim_cfg}), trace).run())
     fast, stepped = results
     pd.testing.assert_frame_equal(fast.requests, stepped.requests, check_exact=True)
     return fast, stepped
@@ -112,7 +112,7 @@ def test_the_ttft_floor_prices_the_short_chunk_first_and_keeps_the_threshold():
                "long_prefill_token_threshold": 20}
     fast, _ = run_both(trace, cluster=cluster)
     assert fast.requests.ttft_s[0] == 2 * 2**-7 + 33 * 2**-10 + 53 * 2**-20
-    sim = Simulation(make_config(cluster=cluster), trace)
+    sim = build_simulation(make_config(cluster=cluster), trace)
     pool = sim.instances[0].pool
     assert least_prefill_time(sim, 33, 0, pool) == 2 * 2**-7 + 33 * 2**-10 + 46 * 2**-20
     assert idle_prefill_time(sim, 33, 0) == 2 * 2**-7 + 33 * 2**-10 + 65 * 2**-20  # above the TTFT
@@ -122,7 +122,7 @@ def test_the_tightened_floor_still_catches_an_engine_that_prefills_too_fast():
     """The same prompt on an engine secretly charging half the context price: 2 x 2^-7 +
     33 x 2^-10 + 26.5 x 2^-20 = 0.0478768 s, below the floor's 46 x 2^-20 (0.0478954 s)."""
     trace = make_trace([0.0], [33], [1])
-    sim = Simulation(make_config(cluster={"profile": CONTEXT, "num_gpu_blocks": 62, "max_num_batched_tokens": 32,
+    sim = build_simulation(make_config(cluster={"profile": CONTEXT, "num_gpu_blocks": 62, "max_num_batched_tokens": 32,
                                           "long_prefill_token_threshold": 20}), trace)
     sim.instances[0].scheduler.cost_model = LinearCostModel(2**-7, 2**-10, 2**-12, 2**-21)
     with pytest.raises(InvariantError, match=r"request 0 TTFT 0\.047877s below its idle prefill time 0\.047895s"):
