@@ -26,7 +26,7 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 # disk, never float64 with NaN (see study/rundir.py). Unknown is always null.
 NULLABLE_INT_COLUMNS = (
     "instance_id", "cached_tokens", "session_id", "class_id", "prefill_instance_id", "kv_transfer_bytes",
-    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes",
+    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes", "stage",
 )
 # The columns only a disaggregated cluster's requests have (engine/metrics.py HandoffRecords),
 # after `instance_id` (there: the decode instance).
@@ -105,6 +105,8 @@ class Results:
             requests["kv_hit_tokens_disk"] = nullable_int(rec.kv_hit_tokens_disk)
             requests["kv_load_bytes"] = nullable_int(rec.kv_load_bytes)
             requests["kv_load_s"] = rec.kv_load_s
+        if trace.stage is not None:  # a load ladder's stage (lmsim.engine.stages)
+            requests["stage"] = nullable_int(trace.stage)
         instances = pd.DataFrame(
             rec.samples,
             columns=[
@@ -150,6 +152,10 @@ class Results:
             from lmsim.engine.kv_tiers import tier_summary
 
             summary.update(tier_summary(sim, requests))
+        if trace.stage is not None:
+            from lmsim.engine.stages import across_stages, stage_summary
+
+            summary.update(across_stages(stage_summary(requests)))
         summary["requests_per_wall_s"] = (
             summary["num_finished"] / wall_time_s if wall_time_s > 0 else None
         )

@@ -34,6 +34,7 @@ from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
+from lmsim.engine.stages import StageBarrier
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
 from lmsim.policies.disagg import check_policy_shape
@@ -176,9 +177,14 @@ class Simulation:
         else:
             self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
 
-        # Arrivals: open-loop rows in trace order, closed-loop rows once released.
+        # Arrivals: open-loop rows in trace order, closed-loop rows once released, a load
+        # ladder's rows stage by stage (lmsim.engine.stages).
         after = trace.column("after_id")
-        self._open_rows = np.flatnonzero(after < 0)
+        self.stages = StageBarrier.from_trace(trace)
+        gated = np.zeros(len(trace), dtype=bool)
+        if self.stages is not None:
+            gated[self.stages.gated_rows] = True
+        self._open_rows = np.flatnonzero((after < 0) & ~gated)
         self._open_pos = 0
         self._released: list[tuple[float, int]] = []
         self._children: dict[int, list[int]] = {}
@@ -350,7 +356,7 @@ class Simulation:
         raise simpy.core.StopSimulation(None)
 
     def _hard_stop(self, _event: simpy.Event) -> None:
-        if self.live or self._next_arrival() is not None or self._children:
+        if self.live or self._next_arrival() is not None or self._children or self._stages_pending:
             self.last_activity_s = self.env.now
             raise simpy.core.StopSimulation(None)
 
@@ -440,7 +446,18 @@ class Simulation:
         self.live -= 1
         self._release_children(request, self.env.now)
 
+    @property
+    def _stages_pending(self) -> bool:
+        return self.stages is not None and self.stages.pending
+
+    def _release(self, due: list[tuple[float, int]]) -> None:
+        for item in due:
+            heapq.heappush(self._released, item)
+        self._schedule_next_arrival()
+
     def _release_children(self, request: Request, now: float) -> None:
+        if self.stages is not None:
+            self._release(self.stages.on_done(request.request_id, now))
         if request.state is not RequestState.FINISHED:
             self._drop_successors(request.request_id)
             return
@@ -474,7 +491,7 @@ class Simulation:
             self.live -= 1
             self.recorder.finished(request)
             self.policy.on_finished(request)
-            if request.request_id in self._children:
+            if self.stages is not None or request.request_id in self._children:
                 self._release_children(request, now)
         if self.check:
             from lmsim.engine.invariants import check_step
@@ -495,6 +512,8 @@ class Simulation:
         self._schedule_periodic(self.config.simulation.sample_interval_s, self._sample, 0)
         for period, callback in self._periodic:
             self._schedule_periodic(period, callback, 1)
+        if self.stages is not None:
+            self._release(self.stages.start())
         self._schedule_next_arrival()
         self.env.run()
         if progress is not None and self.num_arrived % PROGRESS_EVERY:
