@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmsim.engine.stages import StageBarrier, across_stages, stage_meta, stage_summary
+from lmsim.engine.stages import StageBarrier, across_stages, stage_summary
 from lmsim.errors import ConfigError
-from lmsim.workload.ladder import Stage, ladder, parse_stages, stage_offsets
+from lmsim.workload.ladder import Stage, ladder, parse_stages, stage_meta, stage_offsets
 from tests.conftest import make_trace, simulate
 
 
@@ -124,3 +124,10 @@ def test_barrier_skips_stages_left_empty():
     assert barrier.start() == [(0.0, 0)]
     assert barrier.on_done(0, 5.0) == [(7.0, 1)]  # starts at 5 + 1, offset 9 - 8 = 1
     assert not barrier.pending
+
+
+def test_a_ladder_is_not_re_timed():
+    from lmsim.workload.scaling import time_scale
+
+    with pytest.raises(ConfigError, match="set the rates in its stages"):
+        time_scale(_staged_trace(), 2.0)

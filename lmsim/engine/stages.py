@@ -26,16 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmsim.workload.ladder import META_BARRIER, META_INTERVAL, META_STARTS, stage_meta  # noqa: F401  (re-exported)
 from lmsim.workload.trace import Trace
-
-META_STARTS = "stage_starts_s"
-META_INTERVAL = "stage_interval_s"
-META_BARRIER = "stage_barrier"
-
-
-def stage_meta(starts: list[float], interval_s: float, barrier: bool) -> dict[str, str]:
-    """The trace meta a staged workload carries (read back by `StageBarrier.from_trace`)."""
-    return {META_STARTS: json.dumps(starts), META_INTERVAL: repr(float(interval_s)), META_BARRIER: "1" if barrier else "0"}
 
 
 class StageBarrier:

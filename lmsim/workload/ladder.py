@@ -19,11 +19,13 @@ exactly `int(rate x duration)` requests; times are offsets from the stage's star
 Between stages (`load_generator.py`: the stage loop) the generator waits until every request
 of the stage has finished, then sleeps `interval` (1 s default): `lmsim.engine.stages`
 replays that barrier. The trace's `arrival_s` is the schedule without the barrier (stage k
-nominally starts `sum(duration_j + interval, j < k)`); its meta records the stages.
+nominally starts `sum(duration_j + interval, j < k)`, a Poisson stage that overran its
+duration counting to its last request); its meta records the stages (`stage_meta`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,9 @@ import numpy as np
 from lmsim.errors import ConfigError
 
 LOAD_TYPES = ("poisson", "constant", "even")
+META_STARTS = "stage_starts_s"
+META_INTERVAL = "stage_interval_s"
+META_BARRIER = "stage_barrier"
 DEFAULT_INTERVAL_S = 1.0  # inference-perf LoadConfig.interval
 
 
@@ -110,3 +115,8 @@ def ladder(
         starts.append(start)
         start += max(stage.duration, float(offsets[-1])) + interval_s
     return np.concatenate(arrival), np.concatenate(stage_of), starts
+
+
+def stage_meta(starts: list[float], interval_s: float, barrier: bool) -> dict[str, str]:
+    """The trace meta a staged workload carries (read back by `lmsim.engine.stages`)."""
+    return {META_STARTS: json.dumps(starts), META_INTERVAL: repr(float(interval_s)), META_BARRIER: "1" if barrier else "0"}

@@ -18,6 +18,10 @@ def time_scale(trace: Trace, factor: float) -> Trace:
     """Arrivals t -> t0 + (t - t0) / factor; delay_s / factor. factor > 1 speeds up."""
     if not np.isfinite(factor) or factor <= 0:
         raise ConfigError(f"time-scale factor must be > 0, got {factor}")
+    if trace.stage is not None:
+        # a ladder's stages carry their own rates (and its barrier its own timing)
+        raise ConfigError("a staged workload (a load ladder) is not re-timed: set the rates in its stages "
+                          "instead of workload.rate / time_scale / load")
     out = trace.replace()
     if len(out):
         t0 = out.arrival_s[0]
