@@ -58,17 +58,22 @@ class Results:
             if len(pred) and {"request_id", "predicted_ttft_s"} <= set(pred.columns):
                 predicted[pred["request_id"].to_numpy(dtype=np.int64)] = pred["predicted_ttft_s"].to_numpy()
         out = rec.output_tokens
-        ttft = rec.first_token_at - rec.arrived_at
+        first_token_at, finished_at = rec.first_token_at, rec.finished_at
+        if getattr(sim, "frontend", None) is not None:
+            # what the client sees: every token arrives the streaming delay late
+            first_token_at = first_token_at + sim.frontend.stream_s
+            finished_at = finished_at + sim.frontend.stream_s
+        ttft = first_token_at - rec.arrived_at
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (rec.finished_at - rec.first_token_at) / (out - 1), np.nan)
+            tpot = np.where(out > 1, (finished_at - first_token_at) / (out - 1), np.nan)
         requests = pd.DataFrame(
             {
                 "request_id": np.arange(len(trace), dtype=np.int64),
                 "arrived_at": rec.arrived_at,
                 "routed_at": rec.routed_at,
                 "first_scheduled_at": rec.first_scheduled_at,
-                "first_token_at": rec.first_token_at,
-                "finished_at": rec.finished_at,
+                "first_token_at": first_token_at,
+                "finished_at": finished_at,
                 "instance_id": nullable_int(rec.instance_id),
                 "input_tokens": np.array(trace.input_tokens),  # a writable frame: cached traces are read-only
                 "output_tokens": out,
@@ -78,7 +83,7 @@ class Results:
                 "lookup_hit_tokens": rec.lookup_hit_tokens,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
-                "e2e_s": rec.finished_at - rec.arrived_at,
+                "e2e_s": finished_at - rec.arrived_at,
                 "queue_s": rec.first_scheduled_at - rec.arrived_at,
                 "predicted_ttft_s": predicted,
                 "session_id": nullable_int(trace.column("session_id")),

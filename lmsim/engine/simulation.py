@@ -20,6 +20,7 @@ from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.block_names import BlockNames
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.disagg import Disaggregation, DisaggRouter
+from lmsim.engine.frontend import FrontEnd
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
 from lmsim.engine.kv_tiers import build_kv_tiers
@@ -181,6 +182,9 @@ class Simulation:
         # ladder's rows stage by stage (lmsim.engine.stages).
         after = trace.column("after_id")
         self.stages = StageBarrier.from_trace(trace)
+        # the client-side latency path (None: the client sits at the router, as before)
+        self.frontend = FrontEnd.from_config(config.frontend)
+        self._egress_s = self.frontend.stream_s if self.frontend is not None else 0.0
         gated = np.zeros(len(trace), dtype=bool)
         if self.stages is not None:
             gated[self.stages.gated_rows] = True
@@ -402,7 +406,14 @@ class Simulation:
         if clipped:
             # vLLM stops a request once prompt + output reaches max_model_len.
             self.recorder.clipped(request)
-        self.router.route(request, now)
+        if self.frontend is None:
+            self.router.route(request, now)
+            return
+        # sent now; the router sees it once the front end has handled and tokenised it
+        schedule_at(
+            self.env, now + self.frontend.ingress_s(input_tokens), ARRIVAL,
+            lambda _event: self.router.route(request, self.env.now),
+        )
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
         reason = self.dispatch_problem(request, instance_id)
@@ -492,7 +503,8 @@ class Simulation:
             self.recorder.finished(request)
             self.policy.on_finished(request)
             if self.stages is not None or request.request_id in self._children:
-                self._release_children(request, now)
+                # the client reacts when it reads the last token
+                self._release_children(request, now + self._egress_s)
         if self.check:
             from lmsim.engine.invariants import check_step
 
