@@ -152,3 +152,17 @@ def across_stages(table: pd.DataFrame) -> dict[str, Any]:
         values = pd.to_numeric(table[name], errors="coerce").dropna()
         out[f"stages_mean_{name}"] = float(values.mean()) if len(values) else None
     return out
+
+
+def format_stage_table(table: pd.DataFrame) -> str:
+    """The per-stage table as `lmsim run` prints it (times in ms, as inference-perf's report)."""
+    lines = ["stage  requests  finished  span s  out tok/s  TTFT mean  p90 ms  ITL mean ms"]
+    for row in table.itertuples(index=False):
+        def ms(value: Any) -> str:
+            return "-" if value is None or pd.isna(value) else f"{1000 * value:.1f}"
+
+        span = "-" if pd.isna(row.duration_s) else f"{row.duration_s:.1f}"
+        tps = "-" if pd.isna(row.output_token_throughput_per_s) else f"{row.output_token_throughput_per_s:.1f}"
+        lines.append(f"{row.stage:>5}  {row.num_requests:>8}  {row.num_finished:>8}  {span:>6}  {tps:>9}  "
+                     f"{ms(row.ttft_s_mean):>9}  {ms(row.ttft_s_p90):>6}  {ms(row.itl_s_mean):>11}")
+    return "\n".join(lines)
