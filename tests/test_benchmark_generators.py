@@ -134,3 +134,29 @@ def test_generators_are_deterministic():
 def test_bad_parameters_are_one_line(name, params, message):
     with pytest.raises(ConfigError, match=message):
         generate(name, params, seed=0)
+
+
+def test_llm_router_sessions_are_closed_loop_turns_with_history():
+    """2 sessions x 3 turns, no code context or tool loops: each turn follows the previous
+    one of its session (after_id, no think time), re-sends the history with the placeholder
+    answer "ack t<k>" (not the real one), and every prompt starts with the shared system
+    prompt, whose padding counts 4 characters a token: 32 's' = 8 words of "ssss"."""
+    params = {"sessions": 2, "turns": 3, "system_chars": 64, "user_chars": 8,
+              "code_session_share": 0.0, "tool_loop_prob": 0.0}  # fmt: skip
+    trace = generate("llm_router_sessions", params, seed=1)
+    assert len(trace) == 6
+    assert (trace.output_tokens == 64).all() and (trace.delay_s == 0).all()
+    for r in range(6):
+        same = [x for x in range(r) if trace.session_id[x] == trace.session_id[r]]
+        assert trace.after_id[r] == (same[-1] if same else -1)
+        text = trace.prompt_text(r)
+        assert text.startswith("<|system|>system: be helpful and concise. " + "s" * 32)
+        turn = len(same)
+        assert text.count("<|user|>turn ") == turn + 1
+        assert text.count("<|assistant|>ack t") == turn
+    # the history grows turn by turn, and the system prompt's blocks are shared
+    first = [r for r in range(6) if trace.after_id[r] < 0]
+    assert _common_ids(trace.hash_ids(first[0]), trace.hash_ids(first[1])) >= 1
+    for r in range(6):
+        if trace.after_id[r] >= 0:
+            assert trace.input_tokens[r] > trace.input_tokens[trace.after_id[r]]

@@ -49,6 +49,7 @@ PINNED = {
                                  "rate": 4.0}, 3, 32, "503969f67b468f70", 1),
     "prefix_repetition": ({"num_requests": 400, "num_prefixes": 8, "prefix_len": 200, "suffix_len": 50, "rate": 5.0},
                           3, 400, "0170b66834dfee06", 1),
+    "llm_router_sessions": ({"sessions": 6, "turns": 4}, 3, 24, "6fafa99ecb3fb537", 1),
 }
 
 

@@ -38,7 +38,8 @@ TARGETS = {
 
 
 def test_registry():
-    assert GENERATORS.names() == ["agent", "chatbot", "coder", "generated_shared_prefix", "hotspot", "prefix_repetition",
+    assert GENERATORS.names() == ["agent", "chatbot", "coder", "generated_shared_prefix", "hotspot", "llm_router_sessions",
+                                  "prefix_repetition",
                                   "random", "shared_prefix", "toolagent"]
 
 
