@@ -102,7 +102,8 @@ def test_a_slow_request_holds_the_next_stage():
 
 def test_stage_summary_is_per_stage_as_inference_perf_reports():
     """Stage 0: 2 requests, 4 output tokens over 0.0 .. 0.1301: 4 / 0.1301 tok/s; TTFT
-    0.020 each; ITL mean = decode time / gaps = (0.0101 + 0.0101) / 2 = 0.0101."""
+    0.020 each; ITL mean = decode time / gaps = (0.0101 + 0.0101) / 2 = 0.0101; over SSE
+    lines (data + empty line a token: 3 gaps a request) 0.0202 / 6."""
     res = simulate(_staged_trace())
     table = stage_summary(res.requests)
     s0 = table.iloc[0]
@@ -110,6 +111,8 @@ def test_stage_summary_is_per_stage_as_inference_perf_reports():
     assert s0["output_token_throughput_per_s"] == pytest.approx(4 / 0.1301)
     assert s0["ttft_s_mean"] == pytest.approx(0.020)
     assert s0["itl_s_mean"] == pytest.approx(0.0101)
+    # as inference-perf times vLLM's SSE lines: 2 x 0.0101 of decode over 2 x (2 x 2 - 1) gaps
+    assert s0["itl_s_mean_sse_lines"] == pytest.approx(0.0202 / 6)
     s1 = table.iloc[1]
     assert s1["output_token_throughput_per_s"] == pytest.approx(2 / 0.0301)
     summary = across_stages(table)

@@ -100,7 +100,7 @@ class StageBarrier:
 STAGE_COLUMNS = (
     "stage", "num_requests", "num_finished", "start_s", "end_s", "duration_s", "request_throughput_per_s",
     "output_token_throughput_per_s", "ttft_s_mean", "ttft_s_p50", "ttft_s_p90", "ttft_s_p99",
-    "tpot_s_mean", "tpot_s_p90", "itl_s_mean", "e2e_s_mean", "e2e_s_p90",
+    "tpot_s_mean", "tpot_s_p90", "itl_s_mean", "itl_s_mean_sse_lines", "e2e_s_mean", "e2e_s_p90",
 )
 
 
@@ -109,7 +109,13 @@ def stage_summary(requests: pd.DataFrame) -> pd.DataFrame:
     stage: output tok/s = their output tokens / (last end - first start); `itl_s_mean` is
     the mean of every gap between their tokens, which is exactly (sum of e2e - ttft) / (sum
     of output tokens - 1) (a pooled mean needs no per-gap record); latency statistics
-    over the stage's requests. Empty when the requests have no `stage` column."""
+    over the stage's requests. Empty when the requests have no `stage` column.
+
+    `itl_s_mean_sse_lines` is the ITL mean inference-perf prints for vLLM's SSE stream: it
+    times the gaps between streamed lines, and vLLM writes a data line and an empty line per
+    token, so a request of n tokens has 2n - 1 gaps of which n - 1 carry the decode time
+    and n are about 0: sum of (e2e - ttft) / sum of (2n - 1), about half `itl_s_mean`
+    (cluster_benchmarks README, "Metrics")."""
     if "stage" not in requests:
         return pd.DataFrame(columns=list(STAGE_COLUMNS))
     stage = requests["stage"].to_numpy(dtype=np.int64, na_value=-1)
@@ -126,11 +132,13 @@ def stage_summary(requests: pd.DataFrame) -> pd.DataFrame:
             tokens = float(fin["output_tokens"].sum())
             decode = (fin["e2e_s"] - fin["ttft_s"]).to_numpy(dtype=float)
             gaps = float((fin["output_tokens"] - 1).sum())
+            lines = float((2 * fin["output_tokens"] - 1).sum())
             out.update({
                 "start_s": start, "end_s": end, "duration_s": span,
                 "request_throughput_per_s": len(fin) / span if span > 0 else None,
                 "output_token_throughput_per_s": tokens / span if span > 0 else None,
                 "itl_s_mean": float(decode.sum() / gaps) if gaps else None,
+                "itl_s_mean_sse_lines": float(decode.sum() / lines),
             })  # fmt: skip
             for metric, stats in (("ttft_s", (50, 90, 99)), ("tpot_s", (90,)), ("e2e_s", (90,))):
                 values = fin[metric].to_numpy(dtype=float)
