@@ -134,3 +134,11 @@ def test_a_ladder_is_not_re_timed():
 
     with pytest.raises(ConfigError, match="set the rates in its stages"):
         time_scale(_staged_trace(), 2.0)
+
+
+def test_a_ladder_is_not_cut_by_start_time():
+    from lmsim.workload.scaling import window
+
+    with pytest.raises(ConfigError, match="not cut by start_s"):
+        window(_staged_trace(), 1.0, 10.0)
+    assert len(window(_staged_trace(), 0.0, 1.0)) == 2  # an end cut keeps stage offsets

@@ -53,7 +53,7 @@ class Stage:
 
 def parse_stages(stages: Any, *, where: str) -> list[Stage]:
     """`[{rate: R, duration: D}, ...]` as inference-perf's `load.stages` writes it."""
-    if not isinstance(stages, list) or not stages:
+    if not isinstance(stages, list | tuple) or not stages:
         raise ConfigError(f"{where}: stages must be a non-empty list of {{rate, duration}} mappings")
     out = []
     for k, spec in enumerate(stages):

@@ -52,6 +52,9 @@ def window(trace: Trace, start_s: float, end_s: float) -> Trace:
     links to rows outside the window become -1 (those rows arrive at their estimate)."""
     if end_s <= start_s:
         raise ConfigError(f"window end {end_s} must be after its start {start_s}")
+    if trace.stage is not None and start_s > 0:
+        # a ladder's stages are timed from their own starts (and by its barrier)
+        raise ConfigError("a staged workload (a load ladder) is not cut by start_s: drop stages from its generator instead")
     rows = np.flatnonzero((trace.arrival_s >= start_s) & (trace.arrival_s < end_s))
     out = trace.take(rows)
     out.arrival_s = out.arrival_s - start_s
