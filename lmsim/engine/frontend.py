@@ -14,7 +14,7 @@ each token back. lmsim's engine times none of that. `FrontEnd` adds it per reque
   and E2E grow by it, inter-token gaps do not.
 
 So a request sent at t reaches the router at t + ingress; its recorded `arrived_at` is t
-(the client's send time) and `routed_at` the router's; `first_token_at` and `finished_at`
+(the client's send time) and `routed_at` the router's (`queue_s` counts the ingress too); `first_token_at` and `finished_at`
 are when the client sees them. A closed-loop client (sessions, a stage barrier) reacts to
 the client-side finish. Queueing inside the front end (a saturated API-server process) is
 not modelled: each delay is per request, independent of load.
