@@ -42,8 +42,8 @@ def test_a_stale_load_view_changes_the_decision():
 
 
 def test_bad_metrics_path_in_a_config_is_one_line():
-    from lmsim.engine.simulation import Simulation
+    from lmsim.study.compose import build_simulation
 
     config = make_config(router={"policy": "vllm", "view": {"metrics_path": -1}})
     with pytest.raises(ConfigError, match=r"router\.view: param 'metrics_path'"):
-        Simulation(config, make_trace([0.0], [10], [2]))
+        build_simulation(config, make_trace([0.0], [10], [2]))

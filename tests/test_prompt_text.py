@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lmsim.engine.simulation import Simulation
+from lmsim.study.compose import build_simulation
 from lmsim.workload.trace import read_parquet
 from tests.conftest import make_config, make_trace
 
@@ -32,7 +32,7 @@ def test_trace_without_text_writes_no_new_columns(tmp_path):
 
 def test_router_sees_the_prompt_text():
     trace = make_trace([0.0, 0.5], [20, 20], [2, 2], text_id=[0, 0]).replace(prompt_texts=("hello world",))
-    sim = Simulation(make_config(), trace)
+    sim = build_simulation(make_config(), trace)
     seen: list[str] = []
     choose = sim.policy.choose
 
