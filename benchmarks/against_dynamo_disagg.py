@@ -18,7 +18,7 @@ transfer of the whole prompt x 98,304 B/token (Qwen3-30B-A3B) at 50 GB/s:
 | step model | default `polynomial` timing model | `{kind: polynomial}` profile (lmsim/profile/polynomial.py), `worker_type` prefill / decode per pool |
 | transfer | `kv_transfer_bandwidth: 50`, `kv_transfer_bytes_per_token` on both pools, timing mode `full_prompt` (default) | `kv_transfer: {bandwidth_bytes_s: 50e9, latency_s: 0, sharing: none, tokens: full_prompt}` |
 | handoff | vLLM mode: source-first | the same (engine/disagg.py) |
-| decode choice | round robin over prefill completions (the per-request records show it) | `decode_choice: after_prefill` (`--decode-choice`) |
+| decode choice | round robin over prefill completions (the per-request records show it) | `pd` with `decode_choice: after_prefill` (`--decode-choice`) |
 | generated blocks | cached under synthetic ids no prompt can hit | not cached (`--outputs-hit` caches them as lmsim does by default) |
 
 Printed: mean and p90 TTFT, mean TPOT per request (the mocker's `mean_tpot_ms`), TPOT per
@@ -84,7 +84,7 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
             {"name": "decode", "role": "decode", "num_instances": a["decode"], "profile": {**poly, "worker_type": "decode"}},
         ],
         "kv_transfer": {"bandwidth_bytes_s": a["bandwidth_gb_s"] * 1e9, "latency_s": 0.0, "sharing": "none",
-                        "tokens": "full_prompt", "decode_choice": a["decode_choice"]},
+                        "tokens": "full_prompt"},
     }
     # cluster.cache_generated_blocks (branch `naming`) switches output naming off in the
     # config; until it is merged, the replay's continuation table is emptied instead.
@@ -95,7 +95,8 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
         "name": "against-dynamo-disagg",
         "workload": {"trace": a["trace"], "format": "mooncake"},
         "cluster": cluster,
-        "router": {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
+        "router": {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin",
+                                              "decode_choice": a["decode_choice"]}},
         "output": {"figures": False},
     }, where="against_dynamo_disagg")
     trace = load_workload_trace(config)
