@@ -259,10 +259,14 @@ class DynamoDisagg(_TwoSides):
       the request takes the normal path, and its decode leg is routed with
       `build_decode_router_override(existing, conditional_disagg_enabled)`, which with the
       flag on keeps the overlap credit (assume_kv_reuse and prefill tracking still off): the
-      decode choice is KV-aware too. A load-only peek (the earlier lmsim) finds the worker
-      holding the prefix only by chance, so with N decode workers it bypassed about 1/N as
-      often. Dynamo's offline replay cannot show this: its decode workers publish no KV
-      events and it bypasses nothing (ai-dynamo 1.6.1, `router_mode="kv_router"`).
+      decode choice is KV-aware too. A load-only peek (the earlier lmsim) finds a prefix that
+      lives on one decode worker only by chance (1 in N). On the study's traces
+      (experiments/beyond/routers_disaggregated.yaml with `conditional_disagg: true`, at
+      arrival) the bypass count moves little, chatbot 10P:6D 1,339 -> 1,420 of 2,000,
+      agent 3,066 -> 3,101 of 4,000, toolagent 692 -> 691, coder 8 -> 7: their shared
+      prefixes sit on every decode worker. Dynamo's offline replay cannot show either: its
+      decode workers publish no KV events and it bypasses nothing (ai-dynamo 1.6.1,
+      `router_mode="kv_router"`, `KvRouterConfig(conditional_disagg_enabled=True)`).
 
     Params: overlap_score_weight=1.0, temperature=0.0 (both routers),
       decode_choice="after_prefill" (| at_arrival), conditional_disagg=False,
