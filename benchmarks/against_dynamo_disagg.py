@@ -18,7 +18,7 @@ transfer of the whole prompt x 98,304 B/token (Qwen3-30B-A3B) at 50 GB/s:
 | step model | default `polynomial` timing model | `{kind: polynomial}` profile (lmsim/profile/polynomial.py), `worker_type` prefill / decode per pool |
 | transfer | `kv_transfer_bandwidth: 50`, `kv_transfer_bytes_per_token` on both pools, timing mode `full_prompt` (default) | `kv_transfer: {bandwidth_bytes_s: 50e9, latency_s: 0, sharing: none, tokens: full_prompt}` |
 | handoff | vLLM mode: source-first | the same (engine/disagg.py) |
-| decode choice | round robin over prefill completions (the per-request records show it) | `decode_choice: after_prefill` (`--decode-choice`) |
+| decode choice | round robin over prefill completions (the per-request records show it) | `pd` with `decode_choice: after_prefill` (`--decode-choice`) |
 | generated blocks | cached under synthetic ids no prompt can hit | not cached (`--outputs-hit` caches them as lmsim does by default) |
 
 Printed: mean and p90 TTFT, mean TPOT per request (the mocker's `mean_tpot_ms`), TPOT per
@@ -56,7 +56,7 @@ report = run_trace_replay(
     [a["trace"]],
     prefill_engine_args={"engine": {**base, "worker_type": "prefill"}},
     decode_engine_args={"engine": {**base, "worker_type": "decode"}},
-    num_prefill_workers=a["prefill"], num_decode_workers=a["decode"], router_mode="round_robin",
+    num_prefill_workers=a["prefill"], num_decode_workers=a["decode"], router_mode=a["router_mode"],
     trace_format="mooncake", trace_block_size=512, capture_per_request=True,
 )
 keys = ("completed_requests", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
@@ -84,7 +84,7 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
             {"name": "decode", "role": "decode", "num_instances": a["decode"], "profile": {**poly, "worker_type": "decode"}},
         ],
         "kv_transfer": {"bandwidth_bytes_s": a["bandwidth_gb_s"] * 1e9, "latency_s": 0.0, "sharing": "none",
-                        "tokens": "full_prompt", "decode_choice": a["decode_choice"]},
+                        "tokens": "full_prompt"},
     }
     # cluster.cache_generated_blocks (branch `naming`) switches output naming off in the
     # config; until it is merged, the replay's continuation table is emptied instead.
@@ -95,7 +95,10 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
         "name": "against-dynamo-disagg",
         "workload": {"trace": a["trace"], "format": "mooncake"},
         "cluster": cluster,
-        "router": {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
+        "router": ({"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin",
+                                               "decode_choice": a["decode_choice"]}}
+                   if a["router"] == "round_robin" else
+                   {"policy": "dynamo_disagg", "params": {"decode_choice": a["decode_choice"]}}),
         "output": {"figures": False},
     }, where="against_dynamo_disagg")
     trace = load_workload_trace(config)
@@ -170,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth-gb-s", type=float, default=50.0)
     p.add_argument("--bytes-per-token", type=int, default=98_304)
     p.add_argument("--decode-choice", default="after_prefill", choices=("after_prefill", "at_arrival"))
+    p.add_argument("--router", default="round_robin", choices=("round_robin", "kv"),
+                   help="round robin on each pool, or Dynamo's KV router (lmsim: dynamo_disagg)")
     p.add_argument("--outputs-hit", action="store_true", help="cache generated blocks under names later prompts hit (lmsim's default)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     args = p.parse_args(argv)
@@ -189,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         a = {"trace": str(trace), "prefill": args.prefill, "decode": args.decode, "num_blocks": args.num_blocks,
              "block_size": args.block_size, "max_batched": args.max_batched, "max_seqs": args.max_seqs,
              "bandwidth_gb_s": args.bandwidth_gb_s, "bytes_per_token": args.bytes_per_token,
-             "decode_choice": args.decode_choice, "outputs_hit": args.outputs_hit, "out": str(Path(tmp) / "peer.json")}
+             "decode_choice": args.decode_choice, "outputs_hit": args.outputs_hit, "out": str(Path(tmp) / "peer.json"),
+             "router": args.router, "router_mode": "round_robin" if args.router == "round_robin" else "kv_router"}
         summary, requests = lmsim_run(a)
         peer = dynamo_run(a, args.peer_python)
     rows_note = f"first {args.limit} rows of " if args.limit else ""
     print(f"{rows_note}{Path(args.trace).name}; {args.prefill}P+{args.decode}D x {args.num_blocks} blocks of "
-          f"{args.block_size}; {args.max_batched} batched tokens, {args.max_seqs} seqs; round robin; "
+          f"{args.block_size}; {args.max_batched} batched tokens, {args.max_seqs} seqs; "
+          f"{'round robin' if args.router == 'round_robin' else 'KV router (dynamo_disagg)'}; "
           f"full-prompt transfer at {args.bandwidth_gb_s:g} GB/s; decode chosen {args.decode_choice.replace('_', ' ')}; "
           f"generated blocks {'cached' if args.outputs_hit else 'not hit'}")
     if peer is None:

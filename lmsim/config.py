@@ -242,11 +242,19 @@ class KVTransferConfig(_Strict):
         description="transfer only the prompt blocks the decode instance does not cache (vLLM "
         "NixlConnector) or the whole prompt (Dynamo's mocker default)",
     )
-    decode_choice: Literal["at_arrival", "after_prefill"] = Field(
-        "at_arrival",
-        description="the decode instance is chosen with the prefill instance when the request "
-        "arrives (Dynamo, llm-d) or when its prefill completes",
+    decode_choice: None = Field(
+        None, description="moved to the disaggregated policy's params (router.params.decode_choice)"
     )
+
+    @field_validator("decode_choice", mode="before")
+    @classmethod
+    def _decode_choice_moved(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "the router chooses when it picks the decode instance: set router.params.decode_choice "
+                "(pd, dynamo_disagg) instead"
+            )
+        return None
 
 
 class PoolConfig(_Strict):

@@ -143,8 +143,8 @@ def test_after_prefill_chooses_the_decode_instance_when_the_prefill_is_done():
     # (id 2). At arrival both decode instances were idle (id 1 would have won the tie).
     trace = make_trace([0.0, 0.0], [160, 160], [40, 1], [blocks(1), blocks(2)])
     policy = {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "least_tokens"}}
-    r = run(trace, prefill=2, decode=2, policy=policy, transfer={"decode_choice": "after_prefill"},
-            prefill_pool={"max_num_batched_tokens": 160})
+    after = {"policy": "pd", "params": {**policy["params"], "decode_choice": "after_prefill"}}
+    r = run(trace, prefill=2, decode=2, policy=after, prefill_pool={"max_num_batched_tokens": 160})
     a, b = r.requests.iloc[0], r.requests.iloc[1]
     assert (a.instance_id, b.instance_id) == (2, 3)
     at_arrival = run(trace, prefill=2, decode=2, policy=policy, prefill_pool={"max_num_batched_tokens": 160})
@@ -239,6 +239,82 @@ def test_a_prefill_profile_must_state_its_kv_bytes():
             {"name": "decode", "role": "decode", "num_instances": 1}]}, router={"policy": "pd"}), make_trace([0.0], [16], [1]))
 
 
-def test_llmd_pd_needs_the_decode_choice_at_arrival():
-    with pytest.raises(ConfigError, match=r"'llmd_pd' as configured chooses the decode instance before the prefill"):
-        build_simulation(pd_config(policy={"policy": "llmd_pd"}, transfer={"decode_choice": "after_prefill"}), make_trace([0.0], [16], [1]))
+def test_the_decode_choice_is_the_routers_not_the_clusters():
+    with pytest.raises(ConfigError, match=r"cluster.kv_transfer.decode_choice: .*set router.params.decode_choice"):
+        build_simulation(pd_config(transfer={"decode_choice": "after_prefill"}), make_trace([0.0], [16], [1]))
+    with pytest.raises(ConfigError, match=r"router.params: .*'decode_choice' must be one of at_arrival\|after_prefill"):
+        build_simulation(pd_config(policy={"policy": "dynamo_disagg", "params": {"decode_choice": "later"}}),
+                   make_trace([0.0], [16], [1]))
+
+
+def test_dynamo_conditional_bypass_asks_the_decode_router_with_its_overlap_credit():
+    """Dynamo peeks its decode router with the request's own settings (overlap credit 1) and
+    bypasses on the worker it picks (`select_decode_worker_for_conditional_disagg`).
+
+    A (160 tokens, 10 blocks) and C (80 tokens, 5 blocks), both long-running, sit on the two
+    decode instances X and Y (the decode router books A on one, then C on the other). B at
+    1 s repeats A's 10 blocks plus 10 tokens (170). Decode cost in blocks = prefill term
+    (tokens to compute)/16 + active blocks + B's 10 new blocks:
+    with credit: X 10/16 + 10 + 10 = 20.6, Y 170/16 + 5 + 10 = 25.6 -> X, where B's
+    eff_isl = 170 - 160 = 10 < 2048 and 10/170 < 0.7: bypass, B prefilled on X.
+    Load only (the old peek): X 170/16 + 20, Y 170/16 + 15 -> Y, which caches nothing of B:
+    eff_isl 170, no bypass."""
+    trace = make_trace([0.0, 0.001, 1.0], [160, 80, 170], [200, 200, 1], [blocks(1), blocks(2, 5), blocks(1)])
+    r = run(trace, decode=2, policy={"policy": "dynamo_disagg", "params": {"conditional_disagg": True}})
+    a, c, b = (r.requests.iloc[i] for i in range(3))
+    assert a.instance_id != c.instance_id
+    assert pd_isnull(b.prefill_instance_id) and b.instance_id == a.instance_id
+    assert r.summary["num_prefilled_on_decode"] == 1
+
+
+def test_dynamo_disagg_chooses_the_decode_worker_when_the_prefill_is_done():
+    """Dynamo with vLLM workers routes the decode leg once the prefill has completed
+    (`PrefillRouter::generate`, `PrefillOutcome::Completed`); `decode_choice: at_arrival`
+    picks both up front (SGLang/TRT-LLM bootstrap, llm-d).
+
+    One prefill instance, transfers as if alone (`sharing: none`). A (160 tokens, 2 outputs) prefills 0-0.170 and decodes on X until
+    0.343 + 0.0101 = 0.353; C (80 tokens, 200 outputs) prefills 0.170-0.260 and goes to the
+    other decode instance Y (X holds A's 10 booked blocks). B (160 tokens) arrives at 0.300:
+    at arrival X costs 10 + 10 blocks and Y 5 + 10 -> Y; its prefill ends at 0.470, after A
+    left X: X 0 + 10, Y 5 + 10 -> X."""
+    trace = make_trace([0.0, 0.001, 0.300], [160, 80, 160], [2, 200, 1], [blocks(1), blocks(2, 5), blocks(3)])
+    alone = {"sharing": "none"}
+    after = run(trace, decode=2, transfer=alone, policy={"policy": "dynamo_disagg"})
+    a, c, b = (after.requests.iloc[i] for i in range(3))
+    assert a.finished_at == pytest.approx(0.343 + 0.0101)
+    assert b.prefill_done_at == pytest.approx(0.470)
+    assert a.instance_id != c.instance_id and b.instance_id == a.instance_id
+    arrival = run(trace, decode=2, transfer=alone,
+                  policy={"policy": "dynamo_disagg", "params": {"decode_choice": "at_arrival"}})
+    a, c, b = (arrival.requests.iloc[i] for i in range(3))
+    assert a.instance_id != c.instance_id and b.instance_id == c.instance_id
+
+
+def test_llmd_pd_matches_prefixes_in_its_routing_history_index_by_default():
+    """llm-d's default prefix producer records a prompt on its endpoints when it routes it
+    (`approximateprefix` `PreRequest`), before any KV exists there. B (A's 10 blocks + 10
+    tokens) arrives at 0.010 while A is still prefilling: the index credits the decode
+    instance with 160 tokens, 10 uncached < 16, so B is prefilled there at once: 10 + 170
+    ms (the engine holds nothing of A yet), TTFT 0.180. The router's exact view
+    (`prefix_index: router`) sees nothing cached there: B goes to the prefill instance."""
+    trace = make_trace([0.0, 0.010], [160, 170], [1, 1], [blocks(1), blocks(1)])
+    r = run(trace, policy={"policy": "llmd_pd"})
+    b = r.requests.iloc[1]
+    assert pd_isnull(b.prefill_instance_id) and b.instance_id == 1
+    assert b.ttft_s == pytest.approx(0.180)
+    exact = run(trace, policy={"policy": "llmd_pd", "params": {"prefix_index": "router"}})
+    assert exact.requests.iloc[1].prefill_instance_id == 0
+
+
+def test_llmd_routing_history_index_is_one_lru_per_endpoint_and_counts_as_llmd_walks():
+    """indexer.go: each endpoint's LRU evicts its own oldest hash; matchLongestPrefix walks
+    until a hash nobody holds and counts, per endpoint, the hashes it holds on the way.
+    Instance 0 (capacity 2) is given 1, 2, 3 and keeps 2, 3; instance 1 holds 1, 2. Walking
+    1, 2, 3: instance 0 holds 2 and 3 (2, though not a leading run), instance 1 holds 1, 2."""
+    from lmsim.policies.routed_prefix import RoutedPrefixLRU
+
+    index = RoutedPrefixLRU(2)
+    index.insert([1, 2, 3], 0, capacity=2)
+    index.insert([1, 2], 1, capacity=10)
+    assert index.matched_blocks([1, 2, 3]) == [2, 2]
+    assert index.matched_blocks([4, 1]) == [0, 0]

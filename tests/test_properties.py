@@ -359,8 +359,8 @@ def disaggregated(draw, policy: str, params: dict) -> Scenario:
     """A scenario on 1-2 prefill and 1-2 decode instances: link speed and latency, sharing,
     what moves and when the decode instance is chosen all drawn (1 MB of KV per token)."""
     sc = draw(scenarios(policy=policy))
-    choice = "at_arrival" if policy == "llmd_pd" or params.get("conditional_disagg") else draw(
-        st.sampled_from(["at_arrival", "after_prefill"]))
+    if policy != "llmd_pd":  # llm-d always chooses both at arrival
+        params = {**params, "decode_choice": draw(st.sampled_from(["at_arrival", "after_prefill"]))}
     sc.disagg = {
         "prefill": draw(st.integers(1, 2)),
         "decode": draw(st.integers(1, 2)),
@@ -370,7 +370,6 @@ def disaggregated(draw, policy: str, params: dict) -> Scenario:
             "latency_s": draw(st.sampled_from([0.0, 0.0, 0.003])),
             "sharing": draw(st.sampled_from(["fair", "fifo", "none"])),
             "tokens": draw(st.sampled_from(["destination_missing", "full_prompt"])),
-            "decode_choice": choice,
         },
     }
     return sc

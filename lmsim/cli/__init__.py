@@ -82,9 +82,7 @@ def _check_config(config, where: str) -> None:
 
     POLICIES.get(config.router.policy, where=f"{where}: router.policy")
     check_policy_shape(config.router.policy, config.cluster.is_disaggregated, where=f"{where}: router.policy")
-    policy = POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
-    if config.cluster.is_disaggregated:
-        policy.check_decode_choice(config.cluster.transfer.decode_choice, where=f"{where}: router.policy")
+    POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
     _check_router_view(config, where)
     _check_kv_pools(config, where)
     _check_workload_source(config, where)

@@ -423,7 +423,6 @@ class DisaggContext:
         self._seed = seed
         self.prefill_ids = list(disagg.prefill_ids)
         self.decode_ids = list(disagg.decode_ids)
-        self.decode_choice = disagg.transfer.decode_choice
         for name in ("num_instances", "block_size", "max_num_batched_tokens", "max_num_seqs", "rng",
                      "cost_model", "cost_models"):
             setattr(self, name, getattr(base, name))

@@ -3,7 +3,7 @@ none: then its decode instance prefills it, a conditional bypass) and a decode i
 
 A `DisaggPolicy` answers `choose_pair(request, cluster) -> (prefill_id | None, decode_id |
 None)` with global instance ids; a decode id of None means "choose when the prefill is done"
-(`cluster.kv_transfer.decode_choice: after_prefill`), asked through `choose_decode`. Its
+(the policy param `decode_choice: after_prefill`), asked through `choose_decode`. Its
 hooks: `on_routed_pair`, `on_decode_chosen`, `on_prefill_done(leg)` (the prefill instance
 computed the prompt), and the colocated hooks `on_first_token`/`on_finished` for the
 request's decode side. The engine's side of the lifecycle is `lmsim.engine.disagg`.
@@ -16,12 +16,16 @@ route a prefill pool or a decode pool unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from lmsim.engine.request import Request
 from lmsim.errors import ConfigError
-from lmsim.policies._common import check_bool, check_number
+from lmsim.policies._common import check_bool, check_choice, check_number
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
+from lmsim.policies.routed_prefix import RoutedPrefixLRU
+
+DECODE_CHOICES = ("at_arrival", "after_prefill")
 
 
 class DisaggContext(RouterContext, Protocol):
@@ -29,7 +33,6 @@ class DisaggContext(RouterContext, Protocol):
 
     prefill_ids: list[int]
     decode_ids: list[int]
-    decode_choice: str  # at_arrival | after_prefill
 
     def side(self, role: str) -> RouterContext:
         """A context over one role's instances (positions 0..n-1), its own seeded stream."""
@@ -40,20 +43,9 @@ class DisaggPolicy(Policy):
     """Base of the disaggregated policies (see the module docstring)."""
 
     disaggregated = True
-    # A policy whose prefill decision reads the decode instance it picked (a bypass rule)
-    # must pick the decode instance at arrival.
-    decides_with_decode = False
 
     def bind(self, ctx: DisaggContext) -> None:  # type: ignore[override]
         self.ctx = ctx
-        self.check_decode_choice(ctx.decode_choice, where="router.policy")
-
-    def check_decode_choice(self, decode_choice: str, *, where: str) -> None:
-        if decode_choice == "after_prefill" and self.decides_with_decode:
-            raise ConfigError(
-                f"{where}: {self.registry_name!r} as configured chooses the decode instance before "
-                "the prefill instance; it needs cluster.kv_transfer.decode_choice: at_arrival"
-            )
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         raise RuntimeError(f"policy {self.registry_name} routes a disaggregated cluster: use choose_pair")
@@ -93,10 +85,12 @@ class PoolView:
 
 
 class _OneLookup:
-    """The cluster view of one decision: both sides share one prefix lookup."""
+    """The cluster view of one decision: both sides share one prefix lookup (the cluster
+    view's, or `lookup(request)` when the policy keeps its own index)."""
 
-    def __init__(self, cluster: ClusterView) -> None:
+    def __init__(self, cluster: ClusterView, lookup: Callable[[Request], list[int]] | None = None) -> None:
         self._cluster = cluster
+        self._lookup = lookup or cluster.cached_prefix_tokens
         self.instances = cluster.instances
         self.block_size = cluster.block_size
         self._memo: tuple[int, list[int]] | None = None
@@ -107,7 +101,7 @@ class _OneLookup:
 
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         if self._memo is None or self._memo[0] != request.request_id:
-            self._memo = (request.request_id, self._cluster.cached_prefix_tokens(request))
+            self._memo = (request.request_id, self._lookup(request))
         return self._memo[1]
 
 
@@ -200,10 +194,12 @@ class PD(_TwoSides):
     with the two routers left open: `prefill_policy: lmetric` puts LMetric's score
     (P-token × BS, `lmetric`, over the prefill instances' queued prefill and batch) on the
     prefill choice, which is where its KV term has something to find: only prefill instances
-    compute prompts. The decode instance is chosen at arrival, after the prefill instance,
-    or when the prefill is done (`cluster.kv_transfer.decode_choice: after_prefill`).
+    compute prompts. The decode instance is chosen at arrival, after the prefill instance
+    (`decode_choice: at_arrival`, as llm-d does), or when the prefill is done
+    (`after_prefill`, as Dynamo does with vLLM workers).
 
-    Params: prefill_policy="vllm", prefill_params={}, decode_policy="vllm", decode_params={}.
+    Params: prefill_policy="vllm", prefill_params={}, decode_policy="vllm", decode_params={},
+      decode_choice="at_arrival" (| after_prefill).
     """
 
     def __init__(
@@ -213,14 +209,16 @@ class PD(_TwoSides):
         prefill_params: dict[str, Any] | None = None,
         decode_policy: str = "vllm",
         decode_params: dict[str, Any] | None = None,
+        decode_choice: str = "at_arrival",
     ) -> None:
         self.prefill = _Side("prefill", prefill_policy, prefill_params, "prefill_policy")
         self.decode = _Side("decode", decode_policy, decode_params, "decode_policy")
+        self.decode_choice = check_choice("decode_choice", decode_choice, DECODE_CHOICES)
 
     def choose_pair(self, request: Request, cluster: ClusterView) -> tuple[int | None, int | None]:
         view = _OneLookup(cluster)
         p = self.prefill.choose(request, view)
-        d = self.decode.choose(request, view) if self.ctx.decode_choice == "at_arrival" else None
+        d = self.decode.choose(request, view) if self.decode_choice == "at_arrival" else None
         return p, d
 
 
@@ -229,49 +227,81 @@ class DynamoDisagg(_TwoSides):
     """NVIDIA Dynamo's disaggregated router: a KV-aware prefill router, a load-only decode router.
 
     Both are the `dynamo` KV-router cost (policies.md §3) with the overrides Dynamo applies.
+    Sources: `ai-dynamo/dynamo` `lib/llm/src/kv_router/prefill_router/mod.rs`
+    (`PrefillRouter::generate`, `build_decode_router_override`) and
+    `prefill_router/conditional_bypass.rs` (`select_decode_worker_for_conditional_disagg`),
+    whose options are those of `ai-dynamo` 1.6.1's frontend (`--router-conditional-disagg`,
+    `--router-conditional-disagg-config`, `dynamo/common/configuration/groups/kv_router_args.py`).
 
     * Prefill router: "always disables active block tracking" (docs.nvidia.com/dynamo,
       "Disaggregated Serving", v1.6.x): cost = prefill_load_scale · (pending prefill tokens
       + isl − overlap)/B over the prefill instances (`dynamo` with track_active_blocks off).
-    * Decode router: `build_decode_router_override` in Dynamo's frontend sets
-      overlap_score_credit 0, assume_kv_reuse false and track_prefill_tokens false, so the
-      cost is the worker's active decode blocks plus the request's own: load balancing
+    * Decode router: `build_decode_router_override` sets overlap_score_credit 0,
+      assume_kv_reuse false and track_prefill_tokens false on the decode leg, so the cost is
+      the worker's active decode blocks plus the request's own: load balancing
       (peer_research §A.3, "Disaggregated").
-    * Conditional bypass (off by default): `lib/kv-router/src/conditional_disagg.rs`
-      (ai-dynamo/dynamo @088ca50b) `IslBoundingPolicy`: with eff_isl = prompt − (overlap
-      blocks on the decode worker the decode router picked) × B, the request is prefilled on
-      that decode worker iff eff_isl < `eff_isl_threshold` (2048,
-      `DEFAULT_CONDITIONAL_DISAGG_EFF_ISL_THRESHOLD`) and eff_isl / prompt <
-      `eff_isl_ratio_threshold` (0.7). Off by default as in Dynamo (the standard frontend
-      does not expose it) and in its offline replay, where decode workers publish no KV
-      events and nothing is ever bypassed (probe_destmissing.py). With it on the decode
-      worker is chosen first, so it needs `decode_choice: at_arrival`.
+    * When the decode worker is chosen (`decode_choice`): `generate` routes the prefill leg
+      first; a vLLM prefill worker returns no bootstrap address, so Dynamo waits for the
+      prefill to complete (`PrefillOutcome::Completed`) and only then routes the decode leg
+      through the decode router, which picks the worker as the load is then. Default
+      `after_prefill`, Dynamo with vLLM workers (lmsim's engine is vLLM's). SGLang and
+      TensorRT-LLM prefill workers return a bootstrap address: the prefill runs in the
+      background and the decode worker is chosen at once, `at_arrival`. Against Dynamo's
+      mocker with its KV router (`benchmarks/against_dynamo_disagg.py --router kv`, Kimi
+      conversation trace, 4P+12D): mean TPOT 8.487 vs 8.489 ms after the prefill, 8.706 vs
+      8.487 ms (+2.6%) at arrival; mean TTFT within 0.2% either way.
+    * Conditional bypass (`conditional_disagg`, off by default as Dynamo's experimental
+      frontend flag is): before any prefill, Dynamo asks its decode router which worker it
+      would pick for the request with the request's own router settings, i.e. the decode
+      router's base config: overlap credit 1, KV reuse and prefill tracking on (no decode
+      override yet), so the pick goes to the decode worker that caches the prefix. The
+      `IslBoundingPolicy` (`lib/kv-router/src/conditional_disagg.rs`) then bypasses the
+      prefill pool, prefilling on that worker, iff eff_isl = prompt − cached tokens there
+      is < `eff_isl_threshold` (2048) and eff_isl / prompt < `eff_isl_ratio_threshold`
+      (0.7). The bypassed request is booked on that worker with the base config. Otherwise
+      the request takes the normal path, and its decode leg is routed with
+      `build_decode_router_override(existing, conditional_disagg_enabled)`, which with the
+      flag on keeps the overlap credit (assume_kv_reuse and prefill tracking still off): the
+      decode choice is KV-aware too. A load-only peek (the earlier lmsim) finds a prefix that
+      lives on one decode worker only by chance (1 in N). On the study's traces
+      (experiments/beyond/routers_disaggregated.yaml with `conditional_disagg: true`, at
+      arrival) the bypass count moves little, chatbot 10P:6D 1,339 -> 1,420 of 2,000,
+      agent 3,066 -> 3,101 of 4,000, toolagent 692 -> 691, coder 8 -> 7: their shared
+      prefixes sit on every decode worker. Dynamo's offline replay cannot show either: its
+      decode workers publish no KV events and it bypasses nothing (ai-dynamo 1.6.1,
+      `router_mode="kv_router"`, `KvRouterConfig(conditional_disagg_enabled=True)`).
 
-    Params: overlap_score_weight=1.0, temperature=0.0 (both routers), conditional_disagg=False,
+    Params: overlap_score_weight=1.0, temperature=0.0 (both routers),
+      decode_choice="after_prefill" (| at_arrival), conditional_disagg=False,
       eff_isl_threshold=2048, eff_isl_ratio_threshold=0.7.
-    Not modelled: the PrefillLoad/IslOrLoad bypass policies and the decode-busy veto.
+    Not modelled: the PrefillLoad/IslOrLoad bypass policies and the decode-busy veto; with
+      prefill tracking off Dynamo still counts a decode worker's booked prefill load (the
+      bypassed requests') and drops only the new request's own, where `dynamo` drops the
+      booked load (it matters only with `conditional_disagg`).
     """
+
+    # What `build_decode_router_override` sets on a decode leg; the bypass peek runs without it.
+    DECODE_OVERRIDE = {"assume_kv_reuse": False, "track_prefill_tokens": False}
 
     def __init__(
         self,
         *,
         overlap_score_weight: float = 1.0,
         temperature: float = 0.0,
+        decode_choice: str = "after_prefill",
         conditional_disagg: bool = False,
         eff_isl_threshold: int = 2048,
         eff_isl_ratio_threshold: float = 0.7,
     ) -> None:
         common = {"overlap_score_weight": overlap_score_weight, "temperature": temperature}
         self.prefill = _Side("prefill", "dynamo", {**common, "track_active_blocks": False}, "overlap_score_weight")
-        self.decode = _Side(
-            "decode", "dynamo",
-            {**common, "overlap_score_credit": 0.0, "assume_kv_reuse": False, "track_prefill_tokens": False},
-            "overlap_score_weight",
-        )
+        # the decode router's base config; the decode legs' override is applied per decision
+        self.decode = _Side("decode", "dynamo", common, "overlap_score_weight")
+        self.decode_choice = check_choice("decode_choice", decode_choice, DECODE_CHOICES)
         self.conditional = check_bool("conditional_disagg", conditional_disagg)
-        self.decides_with_decode = self.conditional
         self.eff_isl_threshold = check_number("eff_isl_threshold", eff_isl_threshold, lo=0, integer=True)
         self.eff_isl_ratio = check_number("eff_isl_ratio_threshold", eff_isl_ratio_threshold, lo=0)
+        self.leg_override = {**self.DECODE_OVERRIDE, **({} if self.conditional else {"overlap_score_credit": 0.0})}
 
     def bypasses(self, request: Request, decode_overlap_tokens: int, block_size: int) -> bool:
         """IslBoundingPolicy::should_bypass_remote_prefill (overlap as whole blocks)."""
@@ -281,16 +311,33 @@ class DynamoDisagg(_TwoSides):
             return False
         return eff_isl / max(request.input_tokens, 1) < self.eff_isl_ratio
 
+    def _decode_leg(self, request: Request, view: ClusterView) -> int:
+        with self.decode.policy.overridden(**self.leg_override):
+            return self.decode.choose(request, view)
+
     def choose_pair(self, request: Request, cluster: ClusterView) -> tuple[int | None, int | None]:
         view = _OneLookup(cluster)
         if self.conditional:
-            d = self.decode.choose(request, view)
-            if self.bypasses(request, view.cached_prefix_tokens(request)[d], view.block_size):
-                return None, d
-            return self.prefill.choose(request, view), d
+            peek = self.decode.choose(request, view)  # base config: overlap credit 1
+            if self.bypasses(request, view.cached_prefix_tokens(request)[peek], view.block_size):
+                return None, peek
         p = self.prefill.choose(request, view)
-        d = self.decode.choose(request, view) if self.ctx.decode_choice == "at_arrival" else None
-        return p, d
+        return p, (self._decode_leg(request, view) if self.decode_choice == "at_arrival" else None)
+
+    def choose_decode(self, request: Request, cluster: ClusterView) -> int:
+        return self._decode_leg(request, _OneLookup(cluster))
+
+    def on_routed_pair(self, request: Request, prefill_id: int | None, decode_id: int | None) -> None:
+        if prefill_id is None:  # bypassed: booked as the peek priced it
+            self.decode.routed(request, decode_id)  # type: ignore[arg-type]
+            return
+        self.prefill.routed(request, prefill_id)
+        if decode_id is not None:
+            self.on_decode_chosen(request, decode_id)
+
+    def on_decode_chosen(self, request: Request, decode_id: int) -> None:
+        with self.decode.policy.overridden(**self.leg_override):
+            self.decode.routed(request, decode_id)
 
 
 @POLICIES.register("llmd_pd")
@@ -305,20 +352,26 @@ class LlmdPD(_TwoSides):
     `nonCachedTokens` is 0 (its default, L54) or the prompt is shorter than it; else P/D iff
     the prompt tokens not cached on the chosen decode endpoint (prompt − matched blocks ×
     block size, L135-143) are at least `nonCachedTokens`. Otherwise the decode endpoint
-    prefills the request itself.
+    prefills the request itself. Both endpoints are chosen when the request arrives.
 
     Both profiles score as the sample config `deploy/config/pd-epp-config.yaml`: a role
     filter, `prefix-cache-scorer` weight 2 (`maxPrefixBlocksToMatch: 256`) and
     `queue-scorer` weight 1, max score wins (`llmd_scorer` with w_prefix 2, w_queue 1, w_kv
     0); its `nonCachedTokens: 16` is the default here. llm-d estimates the prompt length as
-    characters / 4 (L23); lmsim knows the tokens. The prefix match follows the router's
-    `kv_view` (llm-d's default producer is the approximate index).
+    characters / 4 (L23); lmsim knows the tokens.
+
+    The prefix match (`prefix_index`): `approximate` (default) is llm-d's default producer,
+    the approximate index of where it routed each prompt (`lmsim.policies.routed_prefix.RoutedPrefixLRU`:
+    the first `max_prefix_blocks` hashes recorded on the decode and the prefill endpoint at
+    routing, one LRU per endpoint of `index_capacity_blocks`, default each endpoint's KV
+    blocks, llm-d's `autoTune`; no eviction feedback, no engine cap on the hit). `router`
+    follows the router's `kv_view` instead (`events` is llm-d's precise scorer, `exact` an
+    oracle).
 
     Params: non_cached_tokens=16 (0: never disaggregate, llm-d's code default),
-      w_prefix=2.0, w_queue=1.0, w_kv=0.0, max_prefix_blocks=256.
+      w_prefix=2.0, w_queue=1.0, w_kv=0.0, max_prefix_blocks=256,
+      prefix_index="approximate" (| router), index_capacity_blocks=None (>= 1).
     """
-
-    decides_with_decode = True
 
     def __init__(
         self,
@@ -328,11 +381,29 @@ class LlmdPD(_TwoSides):
         w_queue: float = 1.0,
         w_kv: float = 0.0,
         max_prefix_blocks: int = 256,
+        prefix_index: str = "approximate",
+        index_capacity_blocks: int | None = None,
     ) -> None:
         self.non_cached = check_number("non_cached_tokens", non_cached_tokens, lo=0, integer=True)
         scorers = {"w_prefix": w_prefix, "w_queue": w_queue, "w_kv": w_kv, "max_prefix_blocks": max_prefix_blocks}
         self.prefill = _Side("prefill", "llmd_scorer", scorers, "w_prefix")
         self.decode = _Side("decode", "llmd_scorer", scorers, "w_prefix")
+        self.max_blocks = int(max_prefix_blocks)
+        self.prefix_index = check_choice("prefix_index", prefix_index, ("approximate", "router"))
+        self.index_capacity = None if index_capacity_blocks is None else check_number(
+            "index_capacity_blocks", index_capacity_blocks, lo=1, integer=True)
+        self.index: RoutedPrefixLRU | None = None
+        self._capacity: list[int] = []
+
+    def bind(self, ctx: DisaggContext) -> None:  # type: ignore[override]
+        super().bind(ctx)
+        if self.prefix_index == "approximate":
+            self.index = RoutedPrefixLRU(ctx.num_instances)
+
+    def _indexed(self, request: Request) -> list[int]:
+        assert self.index is not None
+        bsz = self.ctx.block_size
+        return [b * bsz for b in self.index.matched_blocks(request.block_hashes[: self.max_blocks])]
 
     def disaggregates(self, request: Request, decode_hit_tokens: int) -> bool:
         n = self.non_cached
@@ -340,11 +411,21 @@ class LlmdPD(_TwoSides):
         return n > 0 and isl >= n and isl - decode_hit_tokens >= n
 
     def choose_pair(self, request: Request, cluster: ClusterView) -> tuple[int | None, int | None]:
-        view = _OneLookup(cluster)
+        view = _OneLookup(cluster, self._indexed if self.index is not None else None)
+        if self.index is not None and not self._capacity:
+            self._capacity = [self.index_capacity or v.num_total_blocks for v in cluster.instances]
         d = self.decode.choose(request, view)
         if not self.disaggregates(request, view.cached_prefix_tokens(request)[d]):
             return None, d
         return self.prefill.choose(request, view), d
+
+    def on_routed_pair(self, request: Request, prefill_id: int | None, decode_id: int | None) -> None:
+        super().on_routed_pair(request, prefill_id, decode_id)
+        if self.index is not None:
+            hashes = request.block_hashes[: self.max_blocks]
+            for where in (decode_id, prefill_id):  # PreRequest: the primary (decode) profile, then prefill
+                if where is not None:
+                    self.index.insert(hashes, where, self._capacity[where])
 
 
 def disaggregated_policy_names() -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from lmsim.engine.request import Request
 from lmsim.policies._common import check_bool, check_choice, check_number, pick_min
@@ -136,7 +138,9 @@ class Dynamo(Policy):
       assume_kv_reuse=True: a request's blocks shared with live requests on the worker count
         once (Dynamo `router_assume_kv_reuse`); False counts every request's blocks as its own.
       (Dynamo's disaggregated decode router sets credit 0, assume_kv_reuse false and
-      track_prefill_tokens false: `build_decode_router_override` in its frontend.)
+      track_prefill_tokens false: `build_decode_router_override` in its frontend. They are
+      per-request overrides of one router's state: `overridden` applies them to one
+      decision and its booking.)
       host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25 (>= 0): credit per host / disk
         block continuing the device prefix.
     Not modelled: `router_queue_threshold` (off), replica sync.
@@ -167,6 +171,26 @@ class Dynamo(Policy):
         self.active_unique: list[int] = []  # per worker: blocks no other request can share
         self._live: dict[int, _Live] = {}
         self._last: tuple[int, list[int]] | None = None  # (request_id, cached tokens)
+
+    @contextmanager
+    def overridden(
+        self, *, overlap_score_credit: float | None = None, assume_kv_reuse: bool | None = None,
+        track_prefill_tokens: bool | None = None,
+    ) -> Iterator[None]:
+        """Score and book inside the block with these settings, as Dynamo applies a
+        request's `RouterConfigOverride` to one decision against the router's shared state
+        (None keeps the policy's own)."""
+        saved = self.credit, self.reuse, self.track_prefill
+        if overlap_score_credit is not None:
+            self.credit = overlap_score_credit
+        if assume_kv_reuse is not None:
+            self.reuse = assume_kv_reuse
+        if track_prefill_tokens is not None:
+            self.track_prefill = track_prefill_tokens
+        try:
+            yield
+        finally:
+            self.credit, self.reuse, self.track_prefill = saved
 
     def _ensure(self, n: int) -> None:
         while len(self.active_prefill) < n:
@@ -248,7 +272,8 @@ class Dynamo(Policy):
         cached = 0
         if self._last is not None and self._last[0] == request.request_id:
             cached = self._last[1][instance_id]
-        prefill = max(0, request.input_tokens - cached)
+        # a request routed without prefill tracking adds nothing to its worker's prefill load
+        prefill = max(0, request.input_tokens - cached) if self.track_prefill else 0
         # without KV reuse every block of the request is its own (nothing to share)
         hashes = list(request.block_hashes) if self.reuse else []
         active = self.active_blocks[instance_id]
