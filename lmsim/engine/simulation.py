@@ -379,6 +379,7 @@ class Simulation:
             parent_id=int(self._parent_id[row]),
             class_id=int(self._class_id[row]),
             slo_class=int(self._slo_class[row]),
+            prompt_text=trace.prompt_text(row),
         )
         self.live += 1
         self.num_arrived += 1
