@@ -296,6 +296,15 @@ def test_every_preset_builds_with_the_a2_weights():
     est = make_policy("llmd_epp", preset="estimate-prefix-cache_load").scorers[2][0]
     assert isinstance(est, ApproxPrefixScorer)
     assert (est.block, est.max_blocks, est.capacity) == (256, 256, 2200)
+    # llm-d v0.3 reads `prefix-cache-scorer` as GIE's approximate scorer, `mode` ignored.
+    v03 = make_policy("llmd_epp", preset="precise-prefix-cache_load@v0.3").scorers[0][0]
+    assert (type(v03).__name__, v03.block, v03.max_blocks, v03.capacity) == (
+        "ApproxPrefixScorer", 64, 256, 31250)
+    # Every A2 build released the active-request count on the response headers.
+    for name in ("load", "estimate-prefix-cache_load", "precise-prefix-cache_load"):
+        (act,) = [s for s, _ in make_policy("llmd_epp", preset=name).scorers
+                  if type(s).__name__ == "ActiveRequestScorer"]
+        assert act.release == "response_headers", name
 
 
 def test_a_pasted_epp_file_is_accepted_whole():

@@ -442,15 +442,37 @@ def _profile(*refs: tuple[str, float | None]) -> list[dict[str, Any]]:
         {"pluginRef": r} if w is None else {"pluginRef": r, "weight": w} for r, w in refs]}]
 
 
-_LOAD = [{"type": "active-request-scorer"}, {"type": "kv-cache-scorer"}]
+# The A2 routers' load scorers. llm-d ran active-request-scorer's release as GIE's
+# `PostResponse` until 2025-10-17 (`81589a39`), which GIE calls on the response headers;
+# every llm-d build that accepts the A2 configs predates that (below), so the count never
+# reaches a later decision (`ActiveRequestScorer`).
+_ACTIVE_AT_HEADERS = {"type": "active-request-scorer", "parameters": {"releaseAt": "response_headers"}}
+_LOAD = [_ACTIVE_AT_HEADERS, {"type": "kv-cache-scorer"}]
 _PICK = [{"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 1}},
          {"type": "single-profile-handler"}]
+_LOAD_REFS = (("active-request-scorer", 1), ("kv-cache-scorer", 1))
 
-# The four EPP configurations of the A2 benchmark, verbatim
-# (`llm-d/llm-d-kv-cache-manager@edb766fd benchmarking/37-capacity/README.md`), and the
-# "default-scheduling" of the same report's first version (`@2bb0a20`). The precise one
-# needs `router.view.kv_view: events` to read llm-d's event-fed index; the others keep their
-# own state or read the scraped load.
+
+def _precise(prefix_params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "plugins": [{"type": "single-profile-handler"},
+                    {"type": "prefix-cache-scorer", "parameters": prefix_params},
+                    {"type": "kv-cache-scorer"}, _ACTIVE_AT_HEADERS, {"type": "max-score-picker"}],
+        "schedulingProfiles": _profile(("prefix-cache-scorer", 2.0), ("kv-cache-scorer", 1.0),
+                                       ("active-request-scorer", 1.0), ("max-score-picker", None)),
+    }
+
+
+# The EPP configurations of the A2 benchmark as its report gives them
+# (`llm-d/llm-d-kv-cache-manager@edb766fd benchmarking/37-capacity/README.md`), the
+# "default-scheduling" of the report's first version (`@2bb0a20`), and llm-d's sample config.
+# Which llm-d build ran A2 is not stated. Its precise config (`prefix-cache-scorer`, `mode:
+# cache_tracking`) is llm-d's KV-event scorer only in builds of 2025-08-25 (active-request
+# added) to 2025-08-31 (scorers split, `aecee68d`); in every tagged release that has the
+# active-request scorer (v0.3.0 on), `prefix-cache-scorer` is GIE's approximate scorer, whose
+# lenient JSON ignores `mode` and `indexerConfig`, so "precise" ran as the approximate scorer
+# with GIE's defaults: `precise-prefix-cache_load@v0.3`. The precise reading needs
+# `router.view.kv_view: events` to read an event-fed index.
 PRESETS: dict[str, dict[str, Any]] = {
     # llm-d's sample EPP config without P/D (`deploy/config/epp-config.yaml`, the same at
     # `b9c56d36` and `520af478`): the approximate prefix scorer alone, weight 2.
@@ -466,23 +488,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "load": {
         "plugins": _LOAD + _PICK,
-        "schedulingProfiles": _profile(("active-request-scorer", 1), ("kv-cache-scorer", 1),
-                                       ("max-score-picker", None)),
+        "schedulingProfiles": _profile(*_LOAD_REFS, ("max-score-picker", None)),
     },
     "estimate-prefix-cache_load": {
         "plugins": [*_LOAD, {"type": "prefix-cache-scorer", "parameters": {
             "hashBlockSize": 256, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 2200}},
             *_PICK],
-        "schedulingProfiles": _profile(("active-request-scorer", 1), ("kv-cache-scorer", 1),
-                                       ("prefix-cache-scorer", 2), ("max-score-picker", None)),
+        "schedulingProfiles": _profile(*_LOAD_REFS, ("prefix-cache-scorer", 2),
+                                       ("max-score-picker", None)),
     },
-    "precise-prefix-cache_load": {
-        "plugins": [{"type": "single-profile-handler"},
-                    {"type": "prefix-cache-scorer", "parameters": {"mode": "cache_tracking"}},
-                    *_LOAD, {"type": "max-score-picker"}],
-        "schedulingProfiles": _profile(("prefix-cache-scorer", 2.0), ("kv-cache-scorer", 1.0),
-                                       ("active-request-scorer", 1.0), ("max-score-picker", None)),
-    },
+    "precise-prefix-cache_load": _precise({"mode": "cache_tracking"}),
+    "precise-prefix-cache_load@v0.3": _precise({}),
     "default-scheduling": {
         "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-scorer"},
                     {"type": "prefix-cache-scorer"}, *_PICK],
@@ -519,7 +535,8 @@ class LlmdEpp(Policy):
       apiVersion, kind: accepted so the EPP file can be pasted whole.
       preset: a name from `PRESETS` instead of plugins/schedulingProfiles: the A2
         benchmark's `random`, `load`, `estimate-prefix-cache_load`,
-        `precise-prefix-cache_load`, the same report's earlier `default-scheduling`, and
+        `precise-prefix-cache_load` (and `precise-prefix-cache_load@v0.3`, the same config
+        as llm-d v0.3 reads it), the same report's earlier `default-scheduling`, and
         `epp-config`, llm-d's sample config (prefix-cache-scorer weight 2), the default.
     Tie-break: the max-score picker's shuffle, i.e. seeded uniform among the maxima.
 
