@@ -376,3 +376,20 @@ def test_estimate_preset_keeps_a_shared_prefix_on_one_instance_in_a_run():
     pods = simulate(trace, **sections).requests["instance_id"].tolist()
     assert len(set(pods)) == 1
     assert simulate(trace, **sections).requests["instance_id"].tolist() == pods
+
+
+def test_the_readme_example_is_the_a2_estimate_config():
+    """The README's `llmd_epp` YAML block builds, with the estimate preset's scorers and weights
+    (the preset also releases the active-request count at the headers, as A2's build did)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M) if "llmd_epp" in b]
+    router = yaml.safe_load(block)["router"]
+    pasted = POLICIES.create(router["policy"], router["params"])
+    preset = make_policy("llmd_epp", preset="estimate-prefix-cache_load")
+    assert [(type(s).__name__, w) for s, w in pasted.scorers] == [
+        (type(s).__name__, w) for s, w in preset.scorers]
