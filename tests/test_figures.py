@@ -52,6 +52,21 @@ def test_plot_writes_every_kind_without_running(tiny_sweep: Path, tmp_path: Path
     assert _mtimes(tiny_sweep) == before  # only read: no run directory touched
 
 
+def test_every_kind_draws_readable_axes(tiny_sweep: Path) -> None:
+    """Issue 38, on every kind the tiny sweep supports: no two tick labels of an axis touch,
+    no line or band gives a log axis a value <= 0, every band lies inside its panel."""
+    import matplotlib.pyplot as plt
+    from figure_checks import assert_readable
+
+    from lmsim.viz.figures import PLOTTERS
+
+    data = SweepData(tiny_sweep)
+    for kind in supported_kinds(data):
+        fig = PLOTTERS[kind](data)
+        assert_readable(fig)
+        plt.close(fig)
+
+
 def test_plot_cli_default_dir_and_pdf(tiny_sweep: Path) -> None:
     proc = run_cli("plot", str(tiny_sweep), "--kind", "cdf,error", "--format", "pdf")
     assert proc.returncode == 0, proc.stderr
