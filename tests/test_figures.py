@@ -252,3 +252,28 @@ def test_llmd_deployed_and_oracle_share_a_colour_not_a_line(tmp_path: Path) -> N
     ax = plot_param(data, "router.params.noise_rel").axes[0]
     (llmd,) = [line for line in ax.get_lines() if line.get_label().startswith("llmd")]
     assert list(llmd.get_xdata()) == [0.0, 0.12, 0.2]
+
+
+def test_a_profile_given_by_path_is_named_by_its_gpu_and_model(tmp_path: Path) -> None:
+    """Issue 35: a figure of a run whose `cluster.profile` was a folder (`mine/custom`, a copy
+    of h20/qwen3-30b-a3b) was titled "custom on MINE", by the folder. The title now says what
+    the profile records: its name h20/qwen3-30b-a3b, else its hardware.gpu and model.name; a
+    path that no longer exists is named by its last two folders when they read as gpu/model."""
+    import shutil
+
+    import yaml
+
+    from lmsim.data import PROFILES_DIR
+    from lmsim.viz.titles import model_words
+
+    copy = tmp_path / "mine" / "custom"
+    shutil.copytree(PROFILES_DIR / "h20" / "qwen3-30b-a3b", copy)
+    assert model_words(str(copy)) == "Qwen3-30B-A3B on H20"
+    assert model_words(str(copy / "profile.yaml")) == "Qwen3-30B-A3B on H20"
+    raw = yaml.safe_load((copy / "profile.yaml").read_text())
+    raw["name"] = "my tuned profile"
+    (copy / "profile.yaml").write_text(yaml.safe_dump(raw))
+    assert model_words(str(copy)) == "Qwen3-30B-A3B on NVIDIA H20 96GB"
+    assert model_words("/moved/away/h100/llama-3-8b") == "Llama-3-8B on H100"
+    assert model_words("/moved/away/custom") == "profile custom"
+    assert model_words("h20/qwen2-7b") == "Qwen2-7B on H20"  # a bundled name stays a name
