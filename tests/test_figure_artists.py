@@ -11,6 +11,7 @@ the defect of the shipped Figures 22/23 it pins; each failed on the code before 
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -37,7 +38,8 @@ def _write_run(path: Path, config: dict, ttft_s: np.ndarray, tpot_s: np.ndarray,
     pd.DataFrame({"status": ["finished"] * n, "arrived_at": np.arange(n, dtype=float) / 10.0,
                   "ttft_s": ttft_s, "tpot_s": tpot_s}).to_parquet(path / "requests.parquet")  # fmt: skip
     summary = {"ttft_s_mean": float(ttft_s.mean()), "ttft_s_p99": float(np.quantile(ttft_s, 0.99)),
-               "tpot_s_mean": float(tpot_s.mean()), "tpot_s_p99": float(np.quantile(tpot_s, 0.99)), **(extra or {})}  # fmt: skip
+               "tpot_s_mean": float(tpot_s.mean()), "tpot_s_p99": float(np.quantile(tpot_s, 0.99)),
+               "policy": config["router"]["policy"], **(extra or {})}  # fmt: skip
     (path / "summary.json").write_text(json.dumps(summary))
     return path
 
@@ -223,5 +225,28 @@ def test_tiers_bands_are_min_max_and_ratios_from_zero(tmp_path: Path) -> None:
     assert band[:, 1].min() == pytest.approx(0.2) and band[:, 1].max() == pytest.approx(0.4)
     assert list(gpu.get_lines()[0].get_ydata()) == pytest.approx([0.3, 0.3, 0.3])
     assert gpu.get_ylim()[0] == 0.0
+    assert_readable(fig)
+    plt.close(fig)
+
+
+def test_a_parameter_sweep_of_one_policy_is_one_colour_scale(tmp_path: Path) -> None:
+    """Issue 35: bailian at five lambdas drew five dash styles of one orange. A policy swept
+    over one numeric parameter now draws solid lines in shades of its colour, lighter to
+    darker as lambda grows (relative luminance strictly falling), legend in lambda order;
+    two variants of a policy (llm-d deployed and oracle) keep their dash styles."""
+    from matplotlib.colors import to_rgb
+
+    dirs = []
+    for lam in (1.0, 0.0, 0.25, 0.5, 0.75):
+        ttft, tpot = _latencies(0, 0.3, "chatbot")
+        config = _config("chatbot", "bailian", 0, 0.5)
+        config["router"]["params"] = {"lambda": lam}
+        dirs.append(_write_run(tmp_path / f"lam{lam}", config, ttft * (1 + lam), tpot))
+    fig = plot_cdf(RunSet(dirs))
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == [f"bailian, lambda={v}" for v in ("0.0", "0.25", "0.5", "0.75", "1.0")]
+    assert {line.get_linestyle() for line in lines} == {"-"}
+    luminance = [float(np.dot(to_rgb(line.get_color()), (0.2126, 0.7152, 0.0722))) for line in lines]
+    assert all(a > b for a, b in pairwise(luminance))
     assert_readable(fig)
     plt.close(fig)

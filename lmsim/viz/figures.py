@@ -63,34 +63,86 @@ def _finished(requests: pd.DataFrame) -> pd.DataFrame:
     return requests[requests["status"].astype(str) == "finished"]
 
 
+# A policy drawn at this many values of one numeric parameter in a panel is a sweep: its lines
+# take one sequential scale of the policy's colour (light = low, dark = high), not dash styles.
+SWEEP_MIN_LINES = 3
+
+
+def _sweep_values(data: RunSet, frame: pd.DataFrame) -> dict[str, float]:
+    """Series label -> its value of the one numeric router parameter that a policy sweeps
+    in `frame` (SWEEP_MIN_LINES or more lines of that policy differing in that key alone)."""
+    by_policy: dict[str, list[tuple[str, pd.DataFrame]]] = {}
+    for label, runs in _grouped(data, frame):
+        by_policy.setdefault(data.policy(runs.iloc[0]), []).append((label, runs))
+    values: dict[str, float] = {}
+    for series in by_policy.values():
+        if len(series) < SWEEP_MIN_LINES:
+            continue
+        runs = frame[frame["run"].isin(pd.concat([r for _, r in series])["run"])]
+        keys = [k for k in data.varying(data.series_keys()) if k != "router.policy" and k in runs
+                and as_text(runs[k]).nunique() > 1]  # fmt: skip
+        if len(keys) != 1 or not pd.api.types.is_numeric_dtype(runs[keys[0]].dropna()):
+            continue
+        per_line = {label: pd.to_numeric(r[keys[0]], errors="coerce").dropna().unique() for label, r in series}
+        if all(len(v) == 1 for v in per_line.values()):
+            values.update({label: float(v[0]) for label, v in per_line.items()})
+    return values
+
+
+def _shades(color: str, n: int) -> list[str]:
+    """`n` shades of `color` from light to dark: one sequential scale that still reads as
+    the policy's colour."""
+    from matplotlib.colors import LinearSegmentedColormap, to_hex, to_rgb
+
+    rgb = np.array(to_rgb(color))
+    scale = LinearSegmentedColormap.from_list("sweep", [rgb + (1 - rgb) * 0.6, rgb, rgb * 0.45])
+    return [to_hex(scale(v)) for v in (np.linspace(0.0, 1.0, n) if n > 1 else [0.5])]
+
+
 def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, Any]]:
     """Series label -> (colour, marker, linestyle): the policy's colour and marker, and a
     distinct linestyle for each variant of one policy drawn in the same panels (`frame`:
     e.g. two lambdas, llm-d deployed and oracle), in label order so a variant's line does
     not depend on where the experiment lists it; one variant per panel (a per-trace tuned
-    lambda) stays solid."""
+    lambda) stays solid. A policy swept over one numeric parameter (_sweep_values) gets
+    solid lines in shades of its colour, light to dark by the parameter's value."""
     styles: dict[str, tuple[str, str, Any]] = {}
     variants: dict[str, int] = {}
+    sweep = _sweep_values(data, frame)
+    swept: dict[str, list[str]] = {}
     for label, runs in _series(data, frame):
         policy = data.policy(runs.iloc[0])
+        style = policy_style(policy)
+        if label in sweep:
+            swept.setdefault(policy, []).append(label)
+            continue
         n = variants.get(policy, 0)
         variants[policy] = n + 1
-        style = policy_style(policy)
         styles[label] = (style.color, style.marker, VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)])
+    for policy, labels in swept.items():
+        labels = sorted(labels, key=lambda lb: sweep[lb])
+        for label, shade in zip(labels, _shades(policy_style(policy).color, len(labels))):
+            styles[label] = (shade, policy_style(policy).marker, "-")
     return styles
 
 
+def _grouped(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
+    return list(frame.groupby("_series", sort=True))
+
+
 def _series(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(label, runs) per series, in the policy registry's order so legends line up."""
+    """(label, runs) per series, in the policy registry's order so legends line up; a
+    policy's swept parameter (_sweep_values) in increasing order."""
     from lmsim.viz.style import POLICY_STYLES
 
-    frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
     order = list(POLICY_STYLES)
-    groups = list(frame.groupby("_series", sort=True))
+    groups = _grouped(data, frame)
+    sweep = _sweep_values(data, frame)
 
-    def rank(item: tuple[str, pd.DataFrame]) -> tuple[int, str]:
+    def rank(item: tuple[str, pd.DataFrame]) -> tuple[int, float, str]:
         policy = data.policy(item[1].iloc[0])
-        return (order.index(policy) if policy in order else len(order), item[0])
+        return (order.index(policy) if policy in order else len(order), sweep.get(item[0], 0.0), item[0])
 
     return sorted(groups, key=rank)
 
