@@ -39,6 +39,10 @@ def visible_tick_labels(axis: Any, renderer: Any) -> list[tuple[str, Any]]:
 def overlapping_labels(fig: Any) -> list[tuple[str, str]]:
     """Pairs of tick labels of one axis whose drawn boxes overlap ("500" and "1000" read
     as "5001000")."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a figure closed after saving
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     clashes = []
