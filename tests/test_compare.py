@@ -84,9 +84,40 @@ def test_compare_never_overwrites_foreign_files(two_runs: tuple[Path, Path], tmp
 def test_compare_expands_sweeps_and_mixes_runs(seeded_sweep: Path, two_runs: tuple[Path, Path]) -> None:
     text, written = compare([seeded_sweep])
     assert written == []
-    assert "policy=lmetric, rate=4.0, seed=1" in text
+    assert "policy=lmetric, rate=4.0 " in text and "seed=1" not in text  # one row over its seeds
     data = RunSet([seeded_sweep, two_runs[0]])
     assert len(data.index) == 9
+
+
+def test_compare_averages_seeds_and_takes_a_baseline_across_them(seeded_sweep: Path, capsys) -> None:
+    """Issue 35: compare printed one row per seed, and --baseline could only name one seed's
+    run. Runs that differ only in their seed are one row: the mean of the two seeds a and b,
+    and the half-width of its 95% interval t(0.975, 1) · sd / √2 = 12.706 · |a - b| / 2; the
+    baseline row is named without the seed, and the ratio is of the means."""
+    data = RunSet(seeded_sweep)
+    table, _ = compare_table(data, baseline="policy=vllm, rate=2.0")
+    assert list(table.index) == ["policy=vllm, rate=2.0", "policy=vllm, rate=4.0",
+                                 "policy=lmetric, rate=2.0", "policy=lmetric, rate=4.0"]  # fmt: skip
+    assert table["seeds"].tolist() == [2, 2, 2, 2]
+    runs = data.index[(data.index["router.policy"] == "lmetric") & (data.index["workload.rate"] == 4.0)]
+    a, b = 1000 * runs["ttft_s_mean"].astype(float).to_numpy()
+    row = table.loc["policy=lmetric, rate=4.0"]
+    assert row["TTFT mean ms"] == pytest.approx((a + b) / 2)
+    assert row["TTFT mean ms ±95%"] == pytest.approx(12.706 * abs(a - b) / 2)
+    base = table.loc["policy=vllm, rate=2.0", "TTFT mean ms"]
+    assert row["TTFT mean ms ÷ base"] == pytest.approx((a + b) / 2 / base)
+    assert table.loc["policy=vllm, rate=2.0", "TTFT mean ms ÷ base"] == 1.0
+    a_run = data.run_dir(runs["run"].iloc[0])
+    by_dir, _ = compare_table(data, baseline=str(a_run))  # a seed's directory names its row
+    assert by_dir.loc["policy=vllm, rate=2.0", "TTFT mean ms ÷ base"] == pytest.approx(base / ((a + b) / 2))
+    assert main(["compare", str(seeded_sweep), "--baseline", "policy=vllm, rate=2.0"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{(a + b) / 2:.1f} ± {12.706 * abs(a - b) / 2:.1f}" in printed
+    report = seeded_sweep.parent / "report.html"
+    assert main(["report", str(seeded_sweep), "--out", str(report)]) == 0
+    page = report.read_text()
+    assert page.count("<td>policy=lmetric, rate=4.0</td>") == 1 and "seed=1" not in page.split("<table")[1].split("</table>")[0]
+    assert f"{(a + b) / 2:.1f} ± {12.706 * abs(a - b) / 2:.1f}" in page
 
 
 def test_plot_accepts_several_run_directories(two_runs: tuple[Path, Path], tmp_path: Path, capsys) -> None:

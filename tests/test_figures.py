@@ -52,6 +52,21 @@ def test_plot_writes_every_kind_without_running(tiny_sweep: Path, tmp_path: Path
     assert _mtimes(tiny_sweep) == before  # only read: no run directory touched
 
 
+def test_every_kind_draws_readable_axes(tiny_sweep: Path) -> None:
+    """Issue 38, on every kind the tiny sweep supports: no two tick labels of an axis touch,
+    no line or band gives a log axis a value <= 0, every band lies inside its panel."""
+    import matplotlib.pyplot as plt
+    from figure_checks import assert_readable
+
+    from lmsim.viz.figures import PLOTTERS
+
+    data = SweepData(tiny_sweep)
+    for kind in supported_kinds(data):
+        fig = PLOTTERS[kind](data)
+        assert_readable(fig)
+        plt.close(fig)
+
+
 def test_plot_cli_default_dir_and_pdf(tiny_sweep: Path) -> None:
     proc = run_cli("plot", str(tiny_sweep), "--kind", "cdf,error", "--format", "pdf")
     assert proc.returncode == 0, proc.stderr
@@ -237,3 +252,28 @@ def test_llmd_deployed_and_oracle_share_a_colour_not_a_line(tmp_path: Path) -> N
     ax = plot_param(data, "router.params.noise_rel").axes[0]
     (llmd,) = [line for line in ax.get_lines() if line.get_label().startswith("llmd")]
     assert list(llmd.get_xdata()) == [0.0, 0.12, 0.2]
+
+
+def test_a_profile_given_by_path_is_named_by_its_gpu_and_model(tmp_path: Path) -> None:
+    """Issue 35: a figure of a run whose `cluster.profile` was a folder (`mine/custom`, a copy
+    of h20/qwen3-30b-a3b) was titled "custom on MINE", by the folder. The title now says what
+    the profile records: its name h20/qwen3-30b-a3b, else its hardware.gpu and model.name; a
+    path that no longer exists is named by its last two folders when they read as gpu/model."""
+    import shutil
+
+    import yaml
+
+    from lmsim.shipped import PROFILES_DIR
+    from lmsim.viz.titles import model_words
+
+    copy = tmp_path / "mine" / "custom"
+    shutil.copytree(PROFILES_DIR / "h20" / "qwen3-30b-a3b", copy)
+    assert model_words(str(copy)) == "Qwen3-30B-A3B on H20"
+    assert model_words(str(copy / "profile.yaml")) == "Qwen3-30B-A3B on H20"
+    raw = yaml.safe_load((copy / "profile.yaml").read_text())
+    raw["name"] = "my tuned profile"
+    (copy / "profile.yaml").write_text(yaml.safe_dump(raw))
+    assert model_words(str(copy)) == "Qwen3-30B-A3B on NVIDIA H20 96GB"
+    assert model_words("/moved/away/h100/llama-3-8b") == "Llama-3-8B on H100"
+    assert model_words("/moved/away/custom") == "profile custom"
+    assert model_words("h20/qwen2-7b") == "Qwen2-7B on H20"  # a bundled name stays a name

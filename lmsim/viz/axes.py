@@ -1,5 +1,7 @@
 """Axis conventions shared by every figure: log scale only across decades, plain ticks,
-latencies in ms or, past a few seconds, in s; legends readable."""
+latencies in ms or, past a few seconds, in s; a linear axis of a non-negative quantity starts
+at zero; tick labels never overlap (declutter_ticks measures them as drawn); legends
+readable. The rules are written down in docs/explanation/figures.md."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import textwrap
 from typing import Any
 
 import numpy as np
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 # A panel gets a log axis only when its data spans at least this ratio (1.5 decades);
 # narrower ranges read better, and without "8.3×10⁰" ticks, on a linear axis.
@@ -37,9 +39,14 @@ def wants_log(values: Any) -> bool:
     return bool(len(values) and values.max() / values.min() >= LOG_SPAN)
 
 
-def set_scale(ax: Any, axis: str, values: Any, *, log: bool | None = None, per_tick_unit: float = 1.0) -> None:
+def set_scale(
+    ax: Any, axis: str, values: Any, *, log: bool | None = None, per_tick_unit: float = 1.0, from_zero: bool = True
+) -> None:
     """Log scale only where the positive data spans decades (or as `log` says, so panels
-    of one column share a scale type); ticks as plain numbers of data / `per_tick_unit`."""
+    of one column share a scale type); ticks as plain numbers of data / `per_tick_unit`.
+    Call it after drawing: a linear axis then starts at zero (`from_zero`, every quantity
+    these figures draw is non-negative), so a reader never meets an axis that cuts off the
+    zero of a latency or runs below it."""
     values = _positive(values)
     setter = ax.set_xscale if axis == "x" else ax.set_yscale
     target = ax.xaxis if axis == "x" else ax.yaxis
@@ -53,6 +60,9 @@ def set_scale(ax: Any, axis: str, values: Any, *, log: bool | None = None, per_t
     else:
         setter("linear")
         target.set_major_formatter(formatter)
+        if from_zero:
+            high = (ax.get_xlim() if axis == "x" else ax.get_ylim())[1]
+            (ax.set_xlim if axis == "x" else ax.set_ylim)(0.0, max(high, 0.0) or 1.0)
 
 
 def latency_unit(values_ms: Any) -> tuple[str, float]:
@@ -63,12 +73,66 @@ def latency_unit(values_ms: Any) -> tuple[str, float]:
     return ("s", 1000.0) if len(values) and values.max() >= SECONDS_FROM_MS else ("ms", 1.0)
 
 
-def latency_axis(ax: Any, axis: str, values_ms: Any, *, log: bool | None = None) -> str:
+def latency_axis(ax: Any, axis: str, values_ms: Any, *, log: bool | None = None, unit_of: Any = None) -> str:
     """Scale a latency axis whose data is in ms (see set_scale) with ticks in its unit
-    (latency_unit); returns the unit for the axis label."""
-    unit, per_unit = latency_unit(values_ms)
+    (latency_unit of `unit_of`, by default of the data: panels that share a range pass the
+    whole column's values); returns the unit for the axis label."""
+    unit, per_unit = latency_unit(values_ms if unit_of is None else unit_of)
     set_scale(ax, axis, values_ms, log=log, per_tick_unit=per_unit)
     return unit
+
+
+# Tick labels closer than this (pixels at the figure's dpi) read as one: "5001000".
+TICK_LABEL_GAP_PX = 2.0
+
+
+def drawn_tick_labels(axis: Any) -> list[Any]:
+    """The tick labels `axis` draws (as of the last draw): non-empty, visible, inside the view."""
+    low, high = sorted(axis.get_view_interval())
+    span = (high - low) * 1e-9
+    labels = []
+    for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+        loc = tick.get_loc()
+        if loc is None or not (low - span <= loc <= high + span):
+            continue
+        for label in (tick.label1, tick.label2):
+            if label.get_visible() and label.get_text().strip():
+                labels.append(label)
+    return labels
+
+
+def overlapping_tick_labels(axis: Any, renderer: Any, gap: float = TICK_LABEL_GAP_PX) -> list[tuple[str, str]]:
+    """Pairs of `axis`'s drawn tick labels whose boxes, grown by `gap` / 2 px, overlap."""
+    boxes = [(label.get_text(), label.get_window_extent(renderer).padded(gap / 2)) for label in drawn_tick_labels(axis)]
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
+
+
+def _thin(axis: Any, shown: int) -> None:
+    """Fewer ticks on `axis`: a log axis first drops the 2 and 5 of each decade, then labels
+    every other decade; a linear one asks for fewer bins."""
+    if axis.get_scale() == "log":
+        locator = axis.get_major_locator()
+        subs = getattr(locator, "_subs", None)
+        if subs is not None and len(np.atleast_1d(subs)) > 1:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
+        else:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0,), numticks=max(2, shown // 2 + 1)))
+    else:
+        axis.set_major_locator(MaxNLocator(nbins=max(2, shown - 2), steps=[1, 2, 2.5, 5, 10]))
+
+
+def declutter_ticks(fig: Any, rounds: int = 4) -> None:
+    """Thin the ticks of every axis whose labels, as drawn, overlap (measured, since whether
+    "500" and "1000" collide depends on the panel's width, the font and the decades shown),
+    until none do. Call it last, after the layout."""
+    for _ in range(rounds):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        crowded = [axis for ax in fig.axes for axis in (ax.xaxis, ax.yaxis) if overlapping_tick_labels(axis, renderer)]
+        if not crowded:
+            return
+        for axis in crowded:
+            _thin(axis, len(drawn_tick_labels(axis)))
 
 
 def panel_title(ax: Any, title: str, width: int = 60) -> None:

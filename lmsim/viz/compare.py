@@ -17,9 +17,10 @@ import pandas as pd
 
 from lmsim.outputs import save_figure
 from lmsim.study.rundir import COMPARE_FILES, check_output_dir, write_kind_marker
-from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis
+from lmsim.viz.axes import LEGEND_FONTSIZE, declutter_ticks, latency_axis
+from lmsim.viz.bands import band_words, cdf_band, t95
 from lmsim.viz.figures import FORMATS
-from lmsim.viz.runs import PlotError, RunSet
+from lmsim.viz.runs import SEED_KEY, PlotError, RunSet
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"), ("queue_s", "queue"))
@@ -66,54 +67,105 @@ def metric_columns(index: pd.DataFrame | None = None) -> list[tuple[str, str, st
     return cols + list(OTHER_COLUMNS) + extra + (list(TIER_COLUMNS) if tiers else [])
 
 
+CI_SUFFIX = " ±95%"  # the half-width column beside a metric averaged over seeds
+SEEDS_COLUMN = "seeds"
+
+
+def seed_groups(data: RunSet) -> list[tuple[str, pd.DataFrame]]:
+    """(row label, runs) per row of the table: one row per run, or, when the runs differ
+    in their seed, one row per configuration with its seeds (labelled without the seed),
+    in the order the runs come."""
+    if not data.has_seeds():
+        return [(data.diff_label(row), data.index.loc[[i]]) for i, row in data.index.iterrows()]
+    keys = [k for k in data.keys if k != SEED_KEY]
+    labels = [data.diff_label(row, exclude=(SEED_KEY,)) if keys else "all runs" for _, row in data.index.iterrows()]
+    frame = data.index.assign(_row=labels)
+    return [(label, runs.drop(columns="_row")) for label, runs in frame.groupby("_row", sort=False)]
+
+
+def _values(runs: pd.DataFrame, key: str, scale: float) -> np.ndarray:
+    if key not in runs:  # a run saved before this metric existed
+        return np.full(len(runs), np.nan)
+    return pd.to_numeric(runs[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
+
+
+def _mean_ci(values: np.ndarray) -> tuple[float, float]:
+    """The mean of the finite values and the half-width of its 95% Student-t interval (NaN
+    under two values)."""
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return (np.nan, np.nan)
+    if len(values) < 2:
+        return (float(values[0]), np.nan)
+    return (float(values.mean()), t95(len(values)) * float(values.std(ddof=1)) / np.sqrt(len(values)))
+
+
 def compare_table(data: RunSet, baseline: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """(table, column formats): one row per run, indexed by its distinguishing config
-    values; latencies in ms. With `baseline` (a run label or directory), every metric is
-    followed by its ratio to the baseline run's value (`÷ base`)."""
-    index = data.index
-    labels = [data.diff_label(row) for _, row in index.iterrows()]
-    table = pd.DataFrame(index=pd.Index(labels, name="run"))
+    values; latencies in ms. Runs that differ only in their seed are one row (seed_groups):
+    each metric is their mean, followed by the half-width of its 95% interval (`±95%`),
+    and a `seeds` column counts them. With `baseline` (a run label, a row label or a
+    directory), every metric is followed by its ratio to the baseline row's value
+    (`÷ base`; over seeds, the ratio of the means)."""
+    groups = seed_groups(data)
+    seeded = data.has_seeds()
+    table = pd.DataFrame(index=pd.Index([label for label, _ in groups], name="run"))
     formats: dict[str, str] = {}
+    if seeded:
+        table[SEEDS_COLUMN] = [len(runs) for _, runs in groups]
+        formats[SEEDS_COLUMN] = "{:.0f}"
     base_row = None
     if baseline is not None:
-        base_row = index[index["run"] == _baseline_run(data, baseline)].iloc[0]
-    for key, column, form in metric_columns(index):
+        base_run = _baseline_run(data, baseline)
+        base_row = next(i for i, (_, runs) in enumerate(groups) if base_run in set(runs["run"]))
+    for key, column, form in metric_columns(data.index):
         scale = 1000.0 if column.endswith(" ms") else 1e-6 if column.endswith(" MB") else 1e-9 if column.endswith(" GB") else 1.0
-        if key in index:
-            values = pd.to_numeric(index[key], errors="coerce").to_numpy(dtype=float, na_value=np.nan) * scale
-        else:  # a run saved before this metric existed
-            values = np.full(len(index), np.nan)
+        stats = [_mean_ci(_values(runs, key, scale)) for _, runs in groups]
+        values = np.array([m for m, _ in stats])
         table[column] = values
         formats[column] = form
+        if seeded:
+            table[column + CI_SUFFIX] = [h for _, h in stats]
+            formats[column + CI_SUFFIX] = form
         if base_row is not None:
-            base = float(base_row[key]) * scale if key in base_row and pd.notna(base_row[key]) else np.nan
+            base = values[base_row]
             with np.errstate(divide="ignore", invalid="ignore"):
-                table[f"{column} ÷ base"] = values / base if base else np.nan
+                table[f"{column} ÷ base"] = values / base if base and np.isfinite(base) else np.nan
             formats[f"{column} ÷ base"] = "{:.2f}"
     return table, formats
 
 
 def _baseline_run(data: RunSet, baseline: str) -> str:
-    """The run `--baseline` names: its label in the index, its row label in the printed
-    table (`policy=vllm`), or its directory."""
+    """A run of the row `--baseline` names: its label in the index, its row label in the
+    printed table (`policy=vllm`; over seeds, the label without the seed), or its directory."""
     if baseline in set(data.index["run"]):
         return baseline
-    labels = {data.diff_label(row): row["run"] for _, row in data.index.iterrows()}
+    labels = {label: runs["run"].iloc[0] for label, runs in seed_groups(data)}
+    labels.update({data.diff_label(row): row["run"] for _, row in data.index.iterrows()})
     if baseline in labels:
         return labels[baseline]
     wanted = Path(baseline).resolve()
     for run in data.index["run"]:
         if data.run_dir(run).resolve() == wanted:
             return run
+    rows = [label for label, _ in seed_groups(data)]
     raise PlotError(f"--baseline {baseline}: not one of the compared runs "
-                    f"(give its directory or its row label: {', '.join(labels)})")  # fmt: skip
+                    f"(give its directory or its row label: {', '.join(rows)})")  # fmt: skip
 
 
 def format_table(table: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
+    """Every cell in its column's format; a metric averaged over seeds reads `mean ± half`
+    (its `±95%` column folded in, `-` for a single seed)."""
     out = pd.DataFrame(index=table.index)
     for column in table.columns:
+        if column.endswith(CI_SUFFIX):
+            continue
         form = formats[column]
-        out[column] = [("-" if pd.isna(v) else form.format(v)) for v in table[column]]
+        cells = [("-" if pd.isna(v) else form.format(v)) for v in table[column]]
+        half = column + CI_SUFFIX
+        if half in table:
+            cells = [c if pd.isna(h) or c == "-" else f"{c} ± {formats[half].format(h)}" for c, h in zip(cells, table[half])]
+        out[column] = cells
     return out
 
 
@@ -132,32 +184,55 @@ def format_text(table: pd.DataFrame, formats: dict[str, str]) -> str:
 
 
 def plot_compare_cdf(data: RunSet) -> plt.Figure:
-    """TTFT, TPOT and E2E CDFs (ms), every run overlaid, labelled by its differences."""
+    """TTFT, TPOT and E2E CDFs (ms), every row of the table overlaid, labelled by its
+    differences; a row over several seeds is the mean of its seeds' CDFs with their band
+    (bands.cdf_band, the rule of docs/explanation/figures.md). Each panel is log where its data spans
+    decades (TPOT tails do) and starts at zero where it is linear."""
     metrics = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
+    groups = seed_groups(data)
+    ncol = 1 if len(groups) <= 4 else 2 if len(groups) <= 12 else 3
+    # the panels keep their height whatever the legend below them holds
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6 + 0.24 * -(-len(groups) // ncol)), layout="constrained")
     seen: dict[str, int] = {}
-    for _, row in data.index.iterrows():
-        policy = data.policy(row)
+    counts = []
+    data_of: dict[int, list[np.ndarray]] = {i: [] for i in range(len(metrics))}
+    for label, runs in groups:
+        policy = data.policy(runs.iloc[0])
         n = seen.get(policy, 0)
         seen[policy] = n + 1
-        style = policy_style(policy)
-        done = data.requests(row["run"])
-        done = done[done["status"].astype(str) == "finished"]
-        for ax, (metric, _) in zip(axes, metrics):
-            values = np.sort(done[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0)
-            values = values[~np.isnan(values)]
-            if len(values):
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=style.color,
-                        ls=VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)], label=data.diff_label(row))  # fmt: skip
-    for ax, (_, name) in zip(axes, metrics):
-        xs = [line.get_xdata() for line in ax.get_lines()]
-        ax.set_xlabel(f"{name} ({latency_axis(ax, 'x', np.concatenate(xs) if xs else np.array([]))})")
+        style = dict(color=policy_style(policy).color, ls=VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)])
+        counts.append(len(runs))
+        for i, (ax, (metric, _)) in enumerate(zip(axes, metrics)):
+            samples = []
+            for run in runs["run"]:
+                done = data.requests(run)
+                done = done[done["status"].astype(str) == "finished"]
+                values = done[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0
+                if len(values[~np.isnan(values)]):
+                    samples.append(values[~np.isnan(values)])
+            if not samples:
+                continue
+            data_of[i].extend(samples)
+            if len(samples) == 1:
+                x = np.sort(samples[0])
+                ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label, **style)
+            else:
+                x, centre, low, high = cdf_band(samples)
+                ax.plot(x, centre, label=f"{label}, {len(samples)} seeds", **style)
+                ax.fill_between(x, low, high, color=style["color"], alpha=0.2, lw=0)
+    for i, (ax, (_, name)) in enumerate(zip(axes, metrics)):
+        values = np.concatenate(data_of[i]) if data_of[i] else np.array([])
+        ax.set_xlabel(f"{name} ({latency_axis(ax, 'x', values)})")
         ax.set_ylabel("CDF")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
+    band = band_words(counts)
+    title = f"over seeds: mean of the seeds' CDFs; {band}" if band else None
     # Below the panels: labels name every difference and may be long.
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=LEGEND_FONTSIZE, ncol=1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=LEGEND_FONTSIZE,
+               ncol=ncol, title=title, title_fontsize=LEGEND_FONTSIZE)  # fmt: skip
     fig.suptitle(data.title(data.index), fontsize=10)
+    declutter_ticks(fig)
     return fig
 
 

@@ -40,8 +40,16 @@ from lmsim.outputs import (
     save_figure,
 )
 from lmsim.study.index import RATE_KEYS
-from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis, panel_title, set_scale, wants_log
+from lmsim.viz.axes import (
+    LEGEND_FONTSIZE,
+    declutter_ticks,
+    latency_axis,
+    panel_title,
+    set_scale,
+    wants_log,
+)
 from lmsim.viz.axes import plain_number as _plain
+from lmsim.viz.bands import band_words, cdf_band, point_interval, t95
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 
@@ -49,20 +57,46 @@ KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
 FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
-__all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds"]
-
-# Two-sided 95% Student-t quantiles by degrees of freedom (1..30; beyond, the normal 1.96).
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042)  # fmt: skip
-
-
-def t95(n: int) -> float:
-    return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
-
+__all__ = ["FORMATS", "KINDS", "PlotError", "RunSet", "SweepData", "make_figures", "supported_kinds", "t95"]
 
 def _finished(requests: pd.DataFrame) -> pd.DataFrame:
     return requests[requests["status"].astype(str) == "finished"]
+
+
+# A policy drawn at this many values of one numeric parameter in a panel is a sweep: its lines
+# take one sequential scale of the policy's colour (light = low, dark = high), not dash styles.
+SWEEP_MIN_LINES = 3
+
+
+def _sweep_values(data: RunSet, frame: pd.DataFrame) -> dict[str, float]:
+    """Series label -> its value of the one numeric router parameter that a policy sweeps
+    in `frame` (SWEEP_MIN_LINES or more lines of that policy differing in that key alone)."""
+    by_policy: dict[str, list[tuple[str, pd.DataFrame]]] = {}
+    for label, runs in _grouped(data, frame):
+        by_policy.setdefault(data.policy(runs.iloc[0]), []).append((label, runs))
+    values: dict[str, float] = {}
+    for series in by_policy.values():
+        if len(series) < SWEEP_MIN_LINES:
+            continue
+        runs = frame[frame["run"].isin(pd.concat([r for _, r in series])["run"])]
+        keys = [k for k in data.varying(data.series_keys()) if k != "router.policy" and k in runs
+                and as_text(runs[k]).nunique() > 1]  # fmt: skip
+        if len(keys) != 1 or not pd.api.types.is_numeric_dtype(runs[keys[0]].dropna()):
+            continue
+        per_line = {label: pd.to_numeric(r[keys[0]], errors="coerce").dropna().unique() for label, r in series}
+        if all(len(v) == 1 for v in per_line.values()):
+            values.update({label: float(v[0]) for label, v in per_line.items()})
+    return values
+
+
+def _shades(color: str, n: int) -> list[str]:
+    """`n` shades of `color` from light to dark: one sequential scale that still reads as
+    the policy's colour."""
+    from matplotlib.colors import LinearSegmentedColormap, to_hex, to_rgb
+
+    rgb = np.array(to_rgb(color))
+    scale = LinearSegmentedColormap.from_list("sweep", [rgb + (1 - rgb) * 0.6, rgb, rgb * 0.45])
+    return [to_hex(scale(v)) for v in (np.linspace(0.0, 1.0, n) if n > 1 else [0.5])]
 
 
 def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, Any]]:
@@ -70,29 +104,45 @@ def _line_style(data: RunSet, frame: pd.DataFrame) -> dict[str, tuple[str, str, 
     distinct linestyle for each variant of one policy drawn in the same panels (`frame`:
     e.g. two lambdas, llm-d deployed and oracle), in label order so a variant's line does
     not depend on where the experiment lists it; one variant per panel (a per-trace tuned
-    lambda) stays solid."""
+    lambda) stays solid. A policy swept over one numeric parameter (_sweep_values) gets
+    solid lines in shades of its colour, light to dark by the parameter's value."""
     styles: dict[str, tuple[str, str, Any]] = {}
     variants: dict[str, int] = {}
+    sweep = _sweep_values(data, frame)
+    swept: dict[str, list[str]] = {}
     for label, runs in _series(data, frame):
         policy = data.policy(runs.iloc[0])
+        style = policy_style(policy)
+        if label in sweep:
+            swept.setdefault(policy, []).append(label)
+            continue
         n = variants.get(policy, 0)
         variants[policy] = n + 1
-        style = policy_style(policy)
         styles[label] = (style.color, style.marker, VARIANT_LINESTYLES[n % len(VARIANT_LINESTYLES)])
+    for policy, labels in swept.items():
+        labels = sorted(labels, key=lambda lb: sweep[lb])
+        for label, shade in zip(labels, _shades(policy_style(policy).color, len(labels))):
+            styles[label] = (shade, policy_style(policy).marker, "-")
     return styles
 
 
+def _grouped(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
+    return list(frame.groupby("_series", sort=True))
+
+
 def _series(data: RunSet, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(label, runs) per series, in the policy registry's order so legends line up."""
+    """(label, runs) per series, in the policy registry's order so legends line up; a
+    policy's swept parameter (_sweep_values) in increasing order."""
     from lmsim.viz.style import POLICY_STYLES
 
-    frame = frame.assign(_series=[data.series_label(r) for _, r in frame.iterrows()])
     order = list(POLICY_STYLES)
-    groups = list(frame.groupby("_series", sort=True))
+    groups = _grouped(data, frame)
+    sweep = _sweep_values(data, frame)
 
-    def rank(item: tuple[str, pd.DataFrame]) -> tuple[int, str]:
+    def rank(item: tuple[str, pd.DataFrame]) -> tuple[int, float, str]:
         policy = data.policy(item[1].iloc[0])
-        return (order.index(policy) if policy in order else len(order), item[0])
+        return (order.index(policy) if policy in order else len(order), sweep.get(item[0], 0.0), item[0])
 
     return sorted(groups, key=rank)
 
@@ -112,54 +162,78 @@ def _legend_label(label: str, counts: dict[str, int]) -> str:
     return f"{label}, {n} seeds" if n > 1 and len(set(counts.values())) > 1 else label
 
 
-QUANTILES = np.linspace(0.0, 1.0, 201)
-
-
-def _cdf_curves(data: RunSet, runs: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(x, y, half-width or None): the empirical CDF of one run in ms, or over seeds the mean
-    of the per-seed quantile curves with a 95% confidence half-width per quantile."""
-    curves = []
+def _seed_samples(data: RunSet, runs: pd.DataFrame, metric: str) -> list[np.ndarray]:
+    """One array per run (seed) of the finished requests' `metric`, in ms, NaNs dropped."""
+    samples = []
     for run in runs["run"]:
         values = _finished(data.requests(run))[metric].to_numpy(dtype=float, na_value=np.nan) * 1000.0
-        values = np.sort(values[~np.isnan(values)])
+        values = values[~np.isnan(values)]
         if len(values):
-            curves.append(values)
-    if not curves:
-        return np.array([]), np.array([]), None
-    if len(curves) == 1:
-        v = curves[0]
-        return v, np.arange(1, len(v) + 1) / len(v), None
-    q = np.array([np.quantile(v, QUANTILES) for v in curves])
-    half = t95(len(curves)) * q.std(axis=0, ddof=1) / np.sqrt(len(curves))
-    return q.mean(axis=0), QUANTILES, half
+            samples.append(values)
+    return samples
 
 
 # -- kinds -------------------------------------------------------------------------------
 
 _CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
+_CDF_CENTRE = "mean of the seeds' CDFs"
+_POINT_CENTRE = "mean of seeds (geometric on log axes)"
 
 
-def _legend(ax: Any, data: RunSet, **kw: Any) -> None:
-    title = "mean of seeds, 95% CI" if data.has_seeds() else None
+def _legend(ax: Any, counts: dict[str, int], centre: str, **kw: Any) -> None:
+    """The panel's legend; when some series is over several seeds its title says what the
+    line and the band are (bands.band_words: "min–max of 3 seeds", "95% CI, 5 seeds")."""
+    band = band_words(list(counts.values()))
+    title = f"{centre};\n{band}" if band else None
     ax.legend(fontsize=LEGEND_FONTSIZE, title=title, title_fontsize=LEGEND_FONTSIZE, **kw)
 
 
-def _latency_axes(panels: list[tuple[Any, int, str, np.ndarray]], axis: str) -> None:
-    """Scale each latency panel (axes, column, label, data in ms): ms or s by its own data,
-    and one scale type per column, so a metric is not linear in one row and logarithmic
-    in the next (log where any row of the column spans decades)."""
-    log = {}
+def _column_logs(panels: list[tuple[Any, int, str, np.ndarray]]) -> dict[int, bool]:
+    """Column -> log scale, one scale type per column, so a metric is not linear in one row
+    and logarithmic in the next (log where any row of the column spans decades)."""
+    log: dict[int, bool] = {}
     for _, column, _, values in panels:
         log[column] = log.get(column, False) or wants_log(values)
+    return log
+
+
+def _latency_axes(panels: list[tuple[Any, int, str, np.ndarray]], axis: str, *, share: bool = False) -> None:
+    """Scale each latency panel (axes, column, label, data in ms): ms or s by its own data,
+    one scale type per column (_column_logs); with `share`, every panel of a column spans
+    the column's whole data range in one unit, so rows compare at a glance."""
+    log = _column_logs(panels)
+    columns: dict[int, np.ndarray] = {}
+    for _, column, _, values in panels:
+        columns[column] = np.concatenate([columns.get(column, np.array([])), np.asarray(values, dtype=float)])
     for ax, column, label, values in panels:
-        unit = latency_axis(ax, axis, values, log=log[column])
+        whole = columns[column]
+        unit = latency_axis(ax, axis, values, log=log[column], unit_of=whole if share else None)
+        if share:
+            _span(ax, axis, whole, log[column])
         (ax.set_xlabel if axis == "x" else ax.set_ylabel)(f"{label} ({unit})")
+
+
+def _span(ax: Any, axis: str, values: np.ndarray, log: bool) -> None:
+    """Limits that just hold `values` (a 5% margin, in log space on a log axis; from zero
+    on a linear one)."""
+    values = values[np.isfinite(values) & ((values > 0) if log else (values >= 0))]
+    if not len(values):
+        return
+    low, high = float(values.min()), float(values.max())
+    if log:
+        margin = (high / low) ** 0.03 if high > low else 1.5
+        limits = (low / margin, high * margin)
+    else:
+        limits = (0.0, high * 1.03 if high > 0 else 1.0)
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(*limits)
 
 
 def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) -> plt.Figure:
     """Seed Figure 22: one row per trace/cluster/load, TTFT and TPOT CDFs side by side, one
     line per policy (its fixed colour), in ms. Every non-router key that varies is a row,
-    so no two lines share a label."""
+    so no two lines share a label. A series over several seeds is the mean of the seeds'
+    CDFs with a band on the CDF axis (bands.cdf_band), both drawn only where data is. The
+    panels of a metric share one x range (and unit)."""
     facets = data.facets()
     fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
                              squeeze=False)  # fmt: skip
@@ -170,22 +244,28 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
         for column, (ax, (metric, name)) in enumerate(zip(row_axes, metrics)):
             plotted = []
             for label, runs in _series(data, frame):
-                x, y, half = _cdf_curves(data, runs, metric)
-                if not len(x):
+                samples = _seed_samples(data, runs, metric)
+                if not samples:
                     continue
                 color, _, ls = styles[label]
-                ax.plot(x, y, color=color, ls=ls, lw=1.4, label=_legend_label(label, counts))
-                if half is not None:
-                    ax.fill_betweenx(y, np.maximum(x - half, 0.0), x + half, color=color, alpha=0.2, lw=0)
-                plotted.append(x)
+                if len(samples) == 1:
+                    x = np.sort(samples[0])
+                    y = np.arange(1, len(x) + 1) / len(x)
+                    ax.plot(x, y, color=color, ls=ls, lw=1.4, label=_legend_label(label, counts))
+                else:
+                    x, y, low, high = cdf_band(samples)
+                    ax.plot(x, y, color=color, ls=ls, lw=1.4, label=_legend_label(label, counts))
+                    ax.fill_between(x, low, high, color=color, alpha=0.2, lw=0)
+                plotted.extend(samples)
             panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.set_ylabel("CDF")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             panel_title(ax, title)
-        _legend(row_axes[-1], data, loc="lower right")
-    _latency_axes(panels, "x")
+        _legend(row_axes[-1], counts, _CDF_CENTRE, loc="lower right")
+    _latency_axes(panels, "x", share=True)
     fig.tight_layout()
+    declutter_ticks(fig)
     return fig
 
 
@@ -193,16 +273,23 @@ _LATENCY_PANELS = (("ttft_s_mean", "mean TTFT"), ("ttft_s_p99", "P99 TTFT"),
                    ("tpot_s_mean", "mean TPOT"), ("tpot_s_p99", "P99 TPOT"))  # fmt: skip
 
 
-def _mean_line(ax: Any, stats: pd.DataFrame, style: tuple[str, str, Any], label: str) -> np.ndarray:
-    """One series' mean against x (`stats`: mean, std, count per x), with a 95% band where
-    x has several runs (seeds); returns the plotted means."""
+def _interval_line(ax: Any, points: pd.DataFrame, style: tuple[str, str, Any], label: str, *, log: bool) -> np.ndarray:
+    """One series against x (`points`: its runs' `_x` and `_y`): at each x the centre of its
+    runs' values and, where x has several runs (seeds), their band, both computed where the
+    axis is (bands.point_interval: geometric on a log axis, min–max under 5 seeds); returns
+    every value drawn (centres and band ends), for the axis range."""
+    rows = []
+    for x, ys in points.dropna(subset=["_x"]).groupby("_x", sort=True)["_y"]:
+        values = ys.to_numpy(dtype=float)
+        rows.append((float(x), *point_interval(values, log=log), int(np.isfinite(values).sum())))
+    if not rows:
+        return np.array([])
+    x, centre, low, high, count = (np.array(c) for c in zip(*rows))
     color, marker, ls = style
-    ax.plot(stats.index, stats["mean"], color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
-    if (stats["count"] > 1).any():
-        half = [t95(int(n)) * sd / np.sqrt(n) if n > 1 else 0.0
-                for sd, n in zip(stats["std"].fillna(0.0), stats["count"])]  # fmt: skip
-        ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half, color=color, alpha=0.2, lw=0)
-    return stats["mean"].to_numpy()
+    ax.plot(x, centre, color=color, marker=marker, ls=ls, ms=4, lw=1.3, label=label)
+    if (count > 1).any():
+        ax.fill_between(x, low, high, color=color, alpha=0.2, lw=0)
+    return np.concatenate([centre, low, high])
 
 
 def _label_panel(ax: Any, x_label: str, y_label: str, title: str) -> None:
@@ -215,35 +302,43 @@ def _label_panel(ax: Any, x_label: str, y_label: str, title: str) -> None:
 
 def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) -> plt.Figure:
     """Seed Figure 23's layout: one row per trace, mean and P99 TTFT and TPOT against x;
-    with seeds, the mean over seeds and a 95% confidence band."""
+    with seeds, their mean and band (_interval_line). Whether a column is log is decided
+    from every run's value before drawing, so the bands are computed in the axis's space."""
     facets = data.facets(exclude=exclude)
     fig, axes = plt.subplots(len(facets), 4, figsize=(15, 3.0 * len(facets)), squeeze=False)
+    cells = []  # (axes, column, name, [(label, points)])
+    for (_, frame), row_axes in zip(facets, axes):
+        for column, (ax, (metric, name)) in enumerate(zip(row_axes, _LATENCY_PANELS)):
+            series = [(label, pd.DataFrame({"_x": lines[x_key].astype(float), "_y": lines[metric].astype(float) * 1000.0}))
+                      for label, lines in _series(data, frame)]  # fmt: skip
+            cells.append((ax, column, name, series))
+    log = _column_logs([(ax, column, name, np.concatenate([p["_y"].to_numpy() for _, p in series]) if series else np.array([]))
+                        for ax, column, name, series in cells])  # fmt: skip
     panels = []
+    cell = iter(cells)
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
         counts = _seed_counts(data, frame)
-        for column, (ax, (metric, name)) in enumerate(zip(row_axes, _LATENCY_PANELS)):
+        for ax, column, name, series in (next(cell) for _ in row_axes):
             plotted = []
-            for label, lines in _series(data, frame):
-                grouped = lines.assign(_x=lines[x_key].astype(float), _y=lines[metric].astype(float) * 1000.0)
-                stats = grouped.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                color = styles[label][0]
-                if not len(stats) and grouped["_y"].notna().any():
+            for label, points in series:
+                if points["_x"].isna().all() and points["_y"].notna().any():
                     # A policy without the plotted parameter: its value as a reference line.
-                    level = float(grouped["_y"].mean())
-                    ax.axhline(level, color=color, ls=":", lw=1.3, label=f"{label} (no {x_label})")
+                    level = point_interval(points["_y"].to_numpy(), log=log[column])[0]
+                    ax.axhline(level, color=styles[label][0], ls=":", lw=1.3, label=f"{label} (no {x_label})")
                     plotted.append(np.array([level]))
                     continue
-                plotted.append(_mean_line(ax, stats, styles[label], _legend_label(label, counts)))
+                plotted.append(_interval_line(ax, points, styles[label], _legend_label(label, counts), log=log[column]))
             panels.append((ax, column, name, np.concatenate(plotted) if plotted else np.array([])))
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
             ax.grid(alpha=0.3)
             panel_title(ax, title, width=45)
         # Beside the row, not on it: lines fill every corner of these panels somewhere.
-        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        _legend(row_axes[-1], counts, _POINT_CENTRE, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     _latency_axes(panels, "y")
     fig.tight_layout()
+    declutter_ticks(fig)
     return fig
 
 
@@ -356,6 +451,7 @@ def plot_error(data: RunSet) -> plt.Figure:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=LEGEND_FONTSIZE)
     fig.tight_layout()
+    declutter_ticks(fig)
     return fig
 
 
@@ -467,6 +563,7 @@ def plot_hotspot(data: RunSet) -> plt.Figure:
     axes[2].set_xlabel("minute of the run")
     fig.suptitle(data.title(same), fontsize=10)
     fig.tight_layout()
+    declutter_ticks(fig)
     return fig
 
 
@@ -489,7 +586,7 @@ _TIER_PANELS = (
 
 def plot_tiers(data: RunSet) -> plt.Figure:
     """Hit ratios by tier and TTFT against the swept tier capacity, one row per workload,
-    one line per policy (mean over seeds with a 95% band). A run without tiers (capacity 0)
+    one line per policy (over seeds, their mean and band: _interval_line). A run without tiers (capacity 0)
     found nothing below the GPU: its lower-tier ratio is 0."""
     key = tier_key(data)
     tier = "disk" if ".disk." in key else "host"
@@ -513,18 +610,16 @@ def plot_tiers(data: RunSet) -> plt.Figure:
             "ttft_s_p99": column("ttft_s_p99") * 1000.0,
         }
         for ax, (metric, name) in zip(row_axes, _TIER_PANELS):
-            plotted = []
-            for label, lines in _series(data, frame):
-                points = pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]})
-                stats = points.groupby("_x")["_y"].agg(["mean", "std", "count"]).sort_index()
-                plotted.append(_mean_line(ax, stats, styles[label], label))
-            if metric.startswith("ttft"):
-                set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]))
-            else:
-                ax.set_ylim(bottom=0)
+            series = [(label, pd.DataFrame({"_x": column(key, lines).fillna(0.0), "_y": values[metric].loc[lines.index]}))
+                      for label, lines in _series(data, frame)]  # fmt: skip
+            log = metric.startswith("ttft") and wants_log(np.concatenate([p["_y"].to_numpy() for _, p in series]))
+            plotted = [_interval_line(ax, points, styles[label], label, log=log) for label, points in series]
+            set_scale(ax, "y", np.concatenate(plotted) if plotted else np.array([]), log=log)
             _label_panel(ax, x_label, name, title)
-        _legend(row_axes[-1], data, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        _legend(row_axes[-1], _seed_counts(data, frame), _POINT_CENTRE,
+                loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # fmt: skip
     fig.tight_layout()
+    declutter_ticks(fig)
     return fig
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
 from lmsim.errors import LmsimError, counted
@@ -30,7 +31,7 @@ from lmsim.outputs import (
 )
 from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
-from lmsim.viz.compare import compare_table, format_table
+from lmsim.viz.compare import CI_SUFFIX, SEEDS_COLUMN, compare_table, format_table, seed_groups
 from lmsim.viz.figures import FIGURES_DIR, make_figures, supported_kinds
 from lmsim.viz.runs import PlotError, RunSet
 
@@ -110,12 +111,18 @@ def shared_config(data: RunSet) -> str:
 
 
 def _table(data: RunSet) -> str:
+    """The headline table: one row per run, or per configuration over its seeds (mean ± the
+    half-width of the 95% interval; compare.seed_groups), with its finished requests and
+    offered rate (over seeds, their mean)."""
     table, formats = compare_table(data)
-    shown = format_table(table[[c for c in TABLE_COLUMNS if c in table]], formats)
-    offered = data.index
-    shown.insert(0, "finished", [f"{int(v)}" for v in offered["num_finished"]])
-    if "offered_rate_per_s" in offered:
-        shown.insert(1, "offered req/s", ["-" if v != v else f"{v:.3f}" for v in offered["offered_rate_per_s"]])
+    wanted = [SEEDS_COLUMN, *(c + suffix for c in TABLE_COLUMNS for suffix in ("", CI_SUFFIX))]
+    shown = format_table(table[[c for c in wanted if c in table]], formats)
+    groups = seed_groups(data)
+    finished = [pd.to_numeric(runs["num_finished"], errors="coerce").mean() for _, runs in groups]
+    shown.insert(0, "finished", ["-" if v != v else f"{v:.0f}" for v in finished])
+    if "offered_rate_per_s" in data.index:
+        offered = [pd.to_numeric(runs["offered_rate_per_s"], errors="coerce").mean() for _, runs in groups]
+        shown.insert(1, "offered req/s", ["-" if v != v else f"{v:.3f}" for v in offered])
     return shown.reset_index().to_html(index=False, border=0, escape=True)
 
 

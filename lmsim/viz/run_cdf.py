@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lmsim.outputs import save_figure
-from lmsim.viz.axes import LEGEND_FONTSIZE, latency_axis
+from lmsim.viz.axes import LEGEND_FONTSIZE, declutter_ticks, latency_axis
 from lmsim.viz.style import policy_style
 from lmsim.viz.titles import load_words
 
@@ -47,5 +47,6 @@ def plot_run_cdf(requests: pd.DataFrame, path: str | os.PathLike[str], *, title:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    declutter_ticks(fig)
     save_figure(fig, path, dpi=110)
     plt.close(fig)

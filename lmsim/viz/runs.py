@@ -233,11 +233,14 @@ class RunSet:
     def policy(self, row: pd.Series) -> str:
         return str(row.get("policy", row.get("router.policy", "run")))
 
-    def diff_label(self, row: pd.Series) -> str:
-        """Every distinguishing key of this run, `short=value`, for tables and legends."""
+    def diff_label(self, row: pd.Series, exclude: tuple[str, ...] = ()) -> str:
+        """Every distinguishing key of this run (but `exclude`), `short=value`, for tables
+        and legends."""
         names = [short_key(k) for k in self.keys]
         parts = []
         for k in self.keys:
+            if k in exclude:
+                continue
             name = short_key(k) if names.count(short_key(k)) == 1 else k
             value = self.configs[row["run"]].get(k)
             if value is not None:

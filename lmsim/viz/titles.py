@@ -10,20 +10,69 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmsim.shipped import DATA_DIR, PROFILES_DIR
 from lmsim.policies import POLICIES
 from lmsim.policies.predictive import DEPLOYED_NOISE_REL
 
+_GPU_DIR = DATA_DIR / "hardware" / "gpus"
 TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
                "hotspot": "Hotspot", "conversation": "Conversation"}  # fmt: skip
 
 
+def _model_name(model: str) -> str:
+    """'qwen3-30b-a3b' -> 'Qwen3-30B-A3B'."""
+    model = "-".join(p.upper() if re.fullmatch(r"[a-z]?\d+(\.\d+)?[bm]", p) else p for p in model.split("-"))
+    return re.sub(r"^qwen", "Qwen", re.sub(r"^llama", "Llama", model))
+
+
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_.+-]+/[A-Za-z0-9_.+-]+")
+
+
+def _is_path(profile: str) -> bool:
+    """A profile given by path (a folder, or its profile.yaml), not by the `gpu/model` name
+    of a bundled one."""
+    if _PROFILE_NAME.fullmatch(profile) and (PROFILES_DIR / profile / "profile.yaml").is_file():
+        return False
+    return Path(profile).expanduser().exists() or not _PROFILE_NAME.fullmatch(profile) or profile.endswith(
+        (".yaml", ".yml")
+    )
+
+
+def _profile_words(path: str) -> str:
+    """What the profile at `path` records: its `name` (`gpu/model`), else its hardware.gpu
+    and model.name; when the file cannot be read (the results moved to another machine), the
+    folder's last two names if they read as gpu/model, else "profile <folder>"."""
+    import yaml
+
+    folder = Path(path).expanduser()
+    if folder.suffix in (".yaml", ".yml"):
+        folder = folder.parent
+    try:
+        raw = yaml.safe_load((folder / "profile.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        raw = {}
+    if isinstance(raw, dict):
+        name = raw.get("name")
+        if isinstance(name, str) and _PROFILE_NAME.fullmatch(name):
+            return model_words(name)
+        gpu = (raw.get("hardware") or {}).get("gpu") if isinstance(raw.get("hardware"), dict) else None
+        model = (raw.get("model") or {}).get("name") if isinstance(raw.get("model"), dict) else None
+        if gpu and model:
+            return f"{_model_name(str(model))} on {gpu}"
+    if folder.parent.name and (_GPU_DIR / f"{folder.parent.name.lower()}.yaml").exists():
+        return model_words(f"{folder.parent.name}/{folder.name}")
+    return f"profile {folder.name or path}"
+
+
 def model_words(profile: Any) -> str:
-    """'h20/qwen3-30b-a3b' -> 'Qwen3-30B-A3B on H20'."""
+    """'h20/qwen3-30b-a3b' -> 'Qwen3-30B-A3B on H20'. A profile given by path is named by
+    the GPU and model it records (_profile_words), never by the folder it sits in (a path
+    used to read as 'myprofiles/custom' -> 'custom on MYPROFILES')."""
+    if isinstance(profile, str) and _is_path(profile):
+        return _profile_words(profile)
     if isinstance(profile, str) and "/" in profile:
         gpu, model = profile.split("/", 1)
-        model = "-".join(p.upper() if re.fullmatch(r"[a-z]?\d+(\.\d+)?[bm]", p) else p for p in model.split("-"))
-        model = re.sub(r"^qwen", "Qwen", re.sub(r"^llama", "Llama", model))
-        return f"{model} on {gpu.upper()}"
+        return f"{_model_name(model)} on {gpu.upper()}"
     return str(profile)
 
 
