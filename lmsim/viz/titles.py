@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmsim.shipped import DATA_DIR, PROFILES_DIR
 from lmsim.policies import POLICIES
 from lmsim.policies.predictive import DEPLOYED_NOISE_REL
+from lmsim.shipped import DATA_DIR, PROFILES_DIR
 
 _GPU_DIR = DATA_DIR / "hardware" / "gpus"
 TRACE_NAMES = {"chatbot": "ChatBot", "coder": "Coder", "agent": "Agent", "toolagent": "ToolAgent",
