@@ -15,7 +15,9 @@ strictly increasing and every time finite and non-negative.
 
 `TableCostModel` prices a step as
 `fixed_s + tokens(T) + seqs(B) + cpu_per_token_s*T + decode_attention(B_d, C_d)
-+ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences; a
++ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences
+(a decode batch of mixed lengths is looked up at (C_d / M, C_d), M its longest KV length,
+under the default `step.decode_batch: longest`; `lmsim.profile.decode_batch`); a
 profile of an engine whose host work overlaps the GPU (`step.host_overlap: true`) takes
 max(host, rest) with host = `cpu_s(B) + cpu_per_token_s*T` instead of the sum. It
 reads only the tables, never the formula that generated them. Interpolation is piecewise
@@ -27,6 +29,7 @@ path (`step_time`) and the vectorised one (`decode_run_times`) agree bit for bit
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import math
 import warnings
@@ -41,6 +44,7 @@ import yaml
 
 from lmsim.errors import ProfileError
 from lmsim.outputs import atomic_path, write_text
+from lmsim.profile.decode_batch import DEFAULT_DECODE_BATCH
 from lmsim.profile.schema import FORMAT, validate_meta
 
 GIB = float(1 << 30)
@@ -155,6 +159,10 @@ class TableCostModel:
         # An engine that overlaps host work with the GPU (SGLang's overlap scheduler) pays the
         # larger of the two; vLLM v1 (the default) pays their sum on the fast path below.
         self._overlap = bool(data.meta["step"].get("host_overlap", False))
+        # How a decode batch of mixed lengths is priced (lmsim.profile.decode_batch). The
+        # engine passes the longest decode's KV length only to a model that says it prices it.
+        self.decode_batch = str(data.meta["step"].get("decode_batch") or DEFAULT_DECODE_BATCH)
+        self.prices_decode_longest = self.decode_batch == "longest"
         self._cpu_yl = data.cpu_s.astype(float).tolist()
         self._pa_q, self._pa_c = data.pa_q.astype(float).tolist(), data.pa_c.astype(float).tolist()
         self._pa = data.pa.astype(float).tolist()
@@ -212,6 +220,33 @@ class TableCostModel:
         j, wc = _locate(self._da_c, context)
         return row[j] * (1.0 - wc) + row[j + 1] * wc
 
+    def _mixed_decode_attention(self, context: int, longest: int) -> float:
+        """Decode attention of a batch whose KV lengths sum to `context` and whose longest is
+        `longest`, under the `longest` form: the table at batch context/longest (bilinear, the
+        batch axis blended last). Only for mixed batches (longest > context / batch); equal
+        lengths take `step_time`'s row path."""
+        i, wb = _locate(self._da_b, context / longest)
+        j, wc = _locate(self._da_c, context)
+        lo, hi = self._da[i], self._da[i + 1]
+        r0 = lo[j] * (1.0 - wc) + lo[j + 1] * wc
+        r1 = hi[j] * (1.0 - wc) + hi[j + 1] * wc
+        return r0 * (1.0 - wb) + r1 * wb
+
+    def _decode_attention_of(self, num_decodes: int, context: int, longest: int) -> float:
+        if longest * num_decodes > context and self.prices_decode_longest:
+            return self._mixed_decode_attention(context, longest)
+        return self._decode_attention(num_decodes, context)
+
+    def with_decode_batch(self, form: str) -> TableCostModel:
+        """This profile with `step.decode_batch` set to `form` (`longest` or `mean`)."""
+        from lmsim.profile.decode_batch import DECODE_BATCH_FORMS
+
+        if form not in DECODE_BATCH_FORMS:
+            raise ProfileError(f"{self.data.source}: decode_batch must be one of "
+                               f"{', '.join(DECODE_BATCH_FORMS)}, got {form!r}")
+        meta = dict(self.data.meta, step=dict(self.data.meta["step"], decode_batch=form))
+        return TableCostModel(dataclasses.replace(self.data, meta=meta))
+
     def _prefill_attention(self, q: int, c: int) -> float:
         i, wq = _locate(self._pa_q, q)
         j, wc = _locate(self._pa_c, c)
@@ -234,12 +269,15 @@ class TableCostModel:
         prefill_chunks: Sequence[tuple[int, int]],
         num_decodes: int,
         decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> float:
+        """`decode_longest`: the longest decode's KV length (c_i + 1); 0 (unknown) prices
+        the decodes as equal lengths."""
         # `_base`, `_decode_attention` and `_prefill_attention` inlined (the router prices
         # 16 steps per llmd decision): the same operations in the same order, so the same bits.
         # The 1-D lookups are memoised by their integer argument (batches repeat).
         if self._overlap:
-            return self._overlapped_step(prefill_chunks, num_decodes, decode_context_tokens)
+            return self._overlapped_step(prefill_chunks, num_decodes, decode_context_tokens, decode_longest)
         seqs = num_decodes
         tokens = num_decodes
         for q, _ in prefill_chunks:
@@ -257,7 +295,9 @@ class TableCostModel:
                 self._seq_memo[seqs] = seq
         t = self._fixed + tok
         t = t + seq + self._cpt * tokens
-        if num_decodes:
+        if decode_longest * num_decodes > decode_context_tokens and self.prices_decode_longest:
+            t = t + self._mixed_decode_attention(decode_context_tokens, decode_longest)
+        elif num_decodes:
             row = (self._rows.get(num_decodes) or self._decode_row(num_decodes))[1]
             xs = self._da_c
             x = decode_context_tokens if decode_context_tokens >= xs[0] else xs[0]
@@ -287,13 +327,14 @@ class TableCostModel:
         return float(t)
 
     def _overlapped_step(
-        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> float:
         """max(host, GPU) for a `host_overlap` profile: the components' sum split into the host
         part (`cpu_s(B) + cpu_per_token_s*T`) and the rest."""
         seqs = num_decodes + len(prefill_chunks)
         tokens = num_decodes + sum(q for q, _ in prefill_chunks)
-        parts = self.components(prefill_chunks, num_decodes, decode_context_tokens)
+        parts = self.components(prefill_chunks, num_decodes, decode_context_tokens, decode_longest)
         host = _lerp(self._seq_xl, self._cpu_yl, seqs) + self._cpt * tokens
         total = parts["fixed"] + parts["tokens"] + parts["seqs"] + parts["decode_attention"] + parts["prefill_attention"]
         gpu = total - host
@@ -316,13 +357,13 @@ class TableCostModel:
         return cached
 
     def decode_run_times(
-        self, num_decodes: int, first_context_tokens: int, num_steps: int
+        self, num_decodes: int, first_context_tokens: int, num_steps: int, first_longest: int = 0
     ) -> np.ndarray:
-        # Same operations in the same order as step_time((), B, C0 + k*B), element-wise.
-        return np.array(self.decode_run_durations(num_decodes, first_context_tokens, num_steps))
+        # Same operations in the same order as step_time((), B, C0 + k*B, M0 + k), element-wise.
+        return np.array(self.decode_run_durations(num_decodes, first_context_tokens, num_steps, first_longest))
 
     def decode_run_durations(
-        self, num_decodes: int, first_context_tokens: int, num_steps: int
+        self, num_decodes: int, first_context_tokens: int, num_steps: int, first_longest: int = 0
     ) -> list[float]:
         """`decode_run_times` as a list of floats, the engine's form, without numpy (whose
         per-call cost dominated runs of a few dozen steps; the vectorised form is kept in the
@@ -330,13 +371,22 @@ class TableCostModel:
         fall into the grid's segments in order: a short run is priced step by step, a long
         one prices each segment's steps in one comprehension over a `range` (measured 2.5x
         slower than step by step for 1-2 steps, faster from ~7, 1.3x at 33). The arithmetic
-        is `_decode_attention`'s, so the bits are step_time's."""
+        is `_decode_attention`'s, so the bits are step_time's.
+
+        `first_longest` is the longest decode's KV length in the first step (0: unknown); every
+        length grows by one a step, so a mixed batch stays mixed and is priced step by step."""
         if self._overlap:
             # Priced step by step so a fast-forwarded run keeps step_time's bits.
-            return [self.step_time((), num_decodes, first_context_tokens + k * num_decodes)
+            return [self.step_time((), num_decodes, first_context_tokens + k * num_decodes,
+                                   first_longest + k if first_longest else 0)
                     for k in range(num_steps)]
         if num_decodes == 0:
             return [float(self._base(0, 0))] * num_steps
+        if first_longest * num_decodes > first_context_tokens and self.prices_decode_longest:
+            base = self._decode_row(num_decodes)[0]
+            mixed = self._mixed_decode_attention
+            return [base + mixed(first_context_tokens + k * num_decodes, first_longest + k)
+                    for k in range(num_steps)]
         base, row, _ = self._decode_row(num_decodes)
         xs = self._da_c
         last = len(xs) - 2
@@ -497,7 +547,8 @@ class TableCostModel:
 
     # -- conveniences for tools -----------------------------------------------------------
     def components(
-        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> dict[str, float]:
         """The step split into the profile's components (used by `fit` and `show`)."""
         seqs = num_decodes + len(prefill_chunks)
@@ -506,7 +557,7 @@ class TableCostModel:
             "fixed": self._fixed,
             "tokens": _lerp(self._tok_xl, self._tok_yl, tokens) + self._cpt * tokens,
             "seqs": _lerp(self._seq_xl, self._seq_yl, seqs),
-            "decode_attention": self._decode_attention(num_decodes, decode_context_tokens)
+            "decode_attention": self._decode_attention_of(num_decodes, decode_context_tokens, decode_longest)
             if num_decodes else 0.0,
             "prefill_attention": sum(self._prefill_attention(q, c) for q, c in prefill_chunks),
         }
