@@ -185,3 +185,27 @@ def test_longest_decode_tracks_the_maximum_of_a_multiset(ops):
         if held:
             assert tracker.longest() == max(held)
         assert len(tracker) == len(held)
+
+
+def test_an_overlapped_profile_prices_runs_with_the_bits_of_its_steps():
+    """SGLang's overlap scheduler (`host_overlap`): max(host, GPU), the GPU part with the
+    longest form's attention; a run keeps the steps' bits."""
+    from lmsim.profile.analytic import AnalyticModel, tabulate
+
+    model = TableCostModel(tabulate(AnalyticModel.build("h20", "qwen2-7b", engine="sglang-0.4"), date="-"))
+    assert model.prices_decode_longest and model._overlap
+    b, c0, m0 = 3, 90_000 + 200 + 50, 90_000
+    run = model.decode_run_durations(b, c0, 12, m0)
+    assert run == [model.step_time((), b, c0 + k * b, m0 + k) for k in range(12)]
+    assert run[0] > model.with_decode_batch("mean").step_time((), b, c0, m0)
+    assert run[0] >= model.step_time((), 1, m0)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_large_batch_with_one_long_sequence(name):
+    """1,000 decodes of 10 tokens beside one of 200,000 (C/M = 1.05): at least the long one
+    alone, and at least the 1,000 short ones without it."""
+    model = load_table_profile(name)
+    step = model.step_time((), 1001, 200_000 + 10_000, 200_000)
+    assert step >= model.step_time((), 1, 200_000)
+    assert step >= model.step_time((), 1000, 10_000, 10)
