@@ -383,10 +383,7 @@ class TableCostModel:
         if num_decodes == 0:
             return [float(self._base(0, 0))] * num_steps
         if first_longest * num_decodes > first_context_tokens and self.prices_decode_longest:
-            base = self._decode_row(num_decodes)[0]
-            mixed = self._mixed_decode_attention
-            return [base + mixed(first_context_tokens + k * num_decodes, first_longest + k)
-                    for k in range(num_steps)]
+            return self._mixed_run(num_decodes, first_context_tokens, first_longest, num_steps)
         base, row, _ = self._decode_row(num_decodes)
         xs = self._da_c
         last = len(xs) - 2
@@ -420,6 +417,54 @@ class TableCostModel:
             steps = range(x, end if j == last else min(end, math.ceil(xs[j + 1])), num_decodes)
             out += [base + (r0 * (1.0 - (wc := (c - lo) / span)) + r1 * wc) for c in steps]
             x += len(steps) * num_decodes
+        return out
+
+    def _mixed_run(self, num_decodes: int, context: int, longest: int, num_steps: int) -> list[float]:
+        """`_mixed_decode_attention` over a run, plus the batch's fixed part, with
+        `_mixed_decode_attention`'s arithmetic (so step_time's bits). Both lookup points only
+        grow: the context by B a step, the batch C/M too ((C + B)/(M + 1) > C/M exactly when
+        B M > C, the batch being mixed, and rounding keeps the order). So the run falls into
+        the table's cells in order, and each cell's steps are priced in one comprehension; a
+        cell ends where the context reaches the next column (integer arithmetic) or the
+        batch the next row (estimated, then settled on the rounded quotient itself)."""
+        base = self._decode_row(num_decodes)[0]
+        bx, xs, da = self._da_b, self._da_c, self._da
+        i_last, j_last = len(bx) - 2, len(xs) - 2
+        if num_steps <= _SHORT_RUN or context / longest < bx[0] or context < xs[0]:
+            # a short run, or one held below the grid: step by step
+            return [base + self._mixed_decode_attention(context + k * num_decodes, longest + k)
+                    for k in range(num_steps)]
+        b = num_decodes
+        i = min(bisect_right(bx, context / longest) - 1, i_last)
+        j = min(bisect_right(xs, context) - 1, j_last)
+        out: list[float] = []
+        k = 0
+        while k < num_steps:
+            c, m = context + k * b, longest + k
+            while i < i_last and c / m >= bx[i + 1]:
+                i += 1
+            while j < j_last and c >= xs[j + 1]:
+                j += 1
+            stop = num_steps
+            if j < j_last:
+                stop = min(stop, k - (-(math.ceil(xs[j + 1]) - c) // b))
+            if i < i_last and bx[i + 1] < b:
+                row = bx[i + 1]
+                guess = math.ceil((row * longest - context) / (b - row))
+                kb = min(max(guess, k + 1), stop)
+                while kb > k + 1 and (context + (kb - 1) * b) / (longest + kb - 1) >= row:
+                    kb -= 1
+                while kb < stop and (context + kb * b) / (longest + kb) < row:
+                    kb += 1
+                stop = kb
+            x0, dx = xs[j], xs[j + 1] - xs[j]
+            y0, dy = bx[i], bx[i + 1] - bx[i]
+            lo, hi = da[i], da[i + 1]
+            lo0, lo1, hi0, hi1 = lo[j], lo[j + 1], hi[j], hi[j + 1]
+            out += [base + ((lo0 * (1.0 - (wc := (cc - x0) / dx)) + lo1 * wc) * (1.0 - (wb := (cc / mm - y0) / dy))
+                            + (hi0 * (1.0 - wc) + hi1 * wc) * wb)
+                    for cc, mm in zip(range(c, context + stop * b, b), range(m, longest + stop))]
+            k = stop
         return out
 
     def host_time(self, num_seqs: int, num_tokens: int) -> float:
