@@ -211,12 +211,14 @@ def test_a_large_batch_with_one_long_sequence(name):
     assert step >= model.step_time((), 1000, 10_000, 10)
 
 
-@pytest.mark.parametrize("kv", [[50] + [1] * 9, [3000, 20, 20, 5], [100_000] + [7] * 63, [2] * 4 + [3]])
-def test_a_long_run_crossing_batch_rows_keeps_the_bits_of_its_steps(kv):
-    """In a run C/M climbs towards B ([50, 1 x 9]: from 1.18 through rows 2-5 by step 50)
-    while the context crosses columns: each cell's steps are priced at once, with the bits of
+@pytest.mark.parametrize("steps", [6, 700])
+@pytest.mark.parametrize("kv", [[50] + [1] * 9, [20] + [1] * 9, [3000, 20, 20, 5], [100_000] + [7] * 63, [2] * 4 + [3]])
+def test_a_run_crossing_batch_rows_keeps_the_bits_of_its_steps(kv, steps):
+    """In a run C/M climbs towards B ([50, 1 x 9]: from 1.18 through rows 2-5 by step 50;
+    [20, 1 x 9]: row 2 at step 2) while the context crosses columns: a short run walks the
+    cells step by step, a long one prices each cell's steps at once, both with the bits of
     the steps priced one by one."""
     model = load_table_profile("h20/qwen3-30b-a3b")
     b, c0, m0 = len(kv), sum(kv), max(kv)
-    run = model.decode_run_durations(b, c0, 700, m0)
-    assert run == [model.step_time((), b, c0 + k * b, m0 + k) for k in range(700)]
+    run = model.decode_run_durations(b, c0, steps, m0)
+    assert run == [model.step_time((), b, c0 + k * b, m0 + k) for k in range(steps)]

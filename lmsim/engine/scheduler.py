@@ -334,18 +334,12 @@ class InstanceScheduler:
                 else:
                     k = self._steps_head_stays_blocked(s, k)
         context0 = self._dec_sum_input - self._dec_sum_base + num_dec * s  # decodes' KV at step s
-        if self._longest is not None:
-            longest0 = self._longest.longest() + s
-            if self._run_durations is not None:
-                durations = self._run_durations(num_dec, context0, k, longest0)
-            else:
-                durations = self.cost_model.decode_run_times(num_dec, context0, k, longest0).tolist()
+        longest0 = self._longest.longest() + s if self._longest is not None else 0
+        longest = (longest0,) if longest0 else ()  # other cost models take three arguments
+        if self._run_durations is not None:
+            durations = self._run_durations(num_dec, context0, k, *longest)
         else:
-            longest0 = 0
-            if self._run_durations is not None:
-                durations = self._run_durations(num_dec, context0, k)
-            else:
-                durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
+            durations = self.cost_model.decode_run_times(num_dec, context0, k, *longest).tolist()
         self._run_end = s + k
         plan = StepPlan(
             s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0,

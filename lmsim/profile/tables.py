@@ -134,6 +134,7 @@ def interp2(xs: np.ndarray, ys: np.ndarray, z: np.ndarray, x: np.ndarray, y: np.
 
 
 _SHORT_RUN = 6  # decode runs up to this many steps are priced step by step
+_NUMPY_SPAN = 48  # a mixed run's steps in one table cell priced with numpy from this many on
 _MEMO_LIMIT = 1 << 16  # memoised 1-D lookups per table (a step has at most this many tokens)
 
 
@@ -182,6 +183,13 @@ class TableCostModel:
         self.max_model_len = int(declared) if declared else None
         self._slot_tokens = int(m["memory"].get("kv_pool_slot_tokens") or 0)
         self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
+        self._mixed_cells: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = {}
+        # The decode table's row below batch b: bisect_right(batch grid, b) - 1, clamped. On an
+        # all-integer grid (every shipped table) it depends only on floor(b), so a mixed
+        # batch's fractional C/M finds its row by indexing instead of bisecting.
+        last = len(self._da_b) - 2
+        self._row_below = [max(0, min(bisect_right(self._da_b, n) - 1, last)) for n in range(int(self._da_b[-1]) + 1)] \
+            if all(x == int(x) for x in self._da_b) and self._da_b[-1] <= 1 << 16 else None
         self._tok_memo: dict[int, float] = {}  # tokens -> _lerp over tokens.csv
         self._seq_memo: dict[int, float] = {}  # seqs -> _lerp over seqs.csv
         # The measured grid: (lowest, highest) of every axis a step is looked up on.
@@ -222,15 +230,41 @@ class TableCostModel:
 
     def _mixed_decode_attention(self, context: int, longest: int) -> float:
         """Decode attention of a batch whose KV lengths sum to `context` and whose longest is
-        `longest`, under the `longest` form: the table at batch context/longest (bilinear, the
-        batch axis blended last). Only for mixed batches (longest > context / batch); equal
+        `longest`, under the `longest` form: the table at batch context/longest, bilinear
+        (`_mixed_cell`'s form). Only for mixed batches (longest > context / batch); equal
         lengths take `step_time`'s row path."""
-        i, wb = _locate(self._da_b, context / longest)
-        j, wc = _locate(self._da_c, context)
-        lo, hi = self._da[i], self._da[i + 1]
-        r0 = lo[j] * (1.0 - wc) + lo[j + 1] * wc
-        r1 = hi[j] * (1.0 - wc) + hi[j + 1] * wc
-        return r0 * (1.0 - wb) + r1 * wb
+        bx, xs = self._da_b, self._da_c
+        b = context / longest
+        if b < bx[0]:
+            b = bx[0]
+        rows = self._row_below
+        if rows is not None and b < len(rows):
+            i = rows[int(b)]
+        else:
+            i = bisect_right(bx, b) - 1
+            if i > len(bx) - 2:
+                i = len(bx) - 2
+        c = context if context >= xs[0] else xs[0]
+        j = bisect_right(xs, c) - 1
+        if j > len(xs) - 2:
+            j = len(xs) - 2
+        a0, b0, da, db, y0, dy = self._mixed_cells.get((i, j)) or self._mixed_cell(i, j)
+        return (a0 + b0 * c) + (da + db * c) * ((b - y0) / dy)
+
+    def _mixed_cell(self, i: int, j: int) -> tuple[float, float, float, float, float, float]:
+        """Cell (i, j) of the decode table as a bilinear polynomial: along the context, the
+        lower row is a0 + b0*c and the upper minus the lower da + db*c; across the batch, the
+        weight is (b - y0)/dy. The same values as blending the four corners, in fewer
+        operations, which matters in a run (`_mixed_run` prices every step with it)."""
+        xs, bx, da = self._da_c, self._da_b, self._da
+        x0, dx = xs[j], xs[j + 1] - xs[j]
+        lo_slope = (da[i][j + 1] - da[i][j]) / dx
+        hi_slope = (da[i + 1][j + 1] - da[i + 1][j]) / dx
+        lo_at0 = da[i][j] - lo_slope * x0
+        hi_at0 = da[i + 1][j] - hi_slope * x0
+        cell = (lo_at0, lo_slope, hi_at0 - lo_at0, hi_slope - lo_slope, bx[i], bx[i + 1] - bx[i])
+        self._mixed_cells[(i, j)] = cell
+        return cell
 
     def _decode_attention_of(self, num_decodes: int, context: int, longest: int) -> float:
         if longest * num_decodes > context and self.prices_decode_longest:
@@ -428,16 +462,41 @@ class TableCostModel:
         cell ends where the context reaches the next column (integer arithmetic) or the
         batch the next row (estimated, then settled on the rounded quotient itself)."""
         base = self._decode_row(num_decodes)[0]
-        bx, xs, da = self._da_b, self._da_c, self._da
+        bx, xs = self._da_b, self._da_c
         i_last, j_last = len(bx) - 2, len(xs) - 2
-        if num_steps <= _SHORT_RUN or context / longest < bx[0] or context < xs[0]:
-            # a short run, or one held below the grid: step by step
+        if context / longest < bx[0] or context < xs[0]:  # held below the grid: step by step
             return [base + self._mixed_decode_attention(context + k * num_decodes, longest + k)
                     for k in range(num_steps)]
         b = num_decodes
-        i = min(bisect_right(bx, context / longest) - 1, i_last)
-        j = min(bisect_right(xs, context) - 1, j_last)
-        out: list[float] = []
+        rows = self._row_below
+        q = context / longest
+        if rows is not None and q < len(rows):
+            i = rows[int(q)]
+        else:
+            i = bisect_right(bx, q) - 1
+            if i > i_last:
+                i = i_last
+        j = bisect_right(xs, context) - 1
+        if j > j_last:
+            j = j_last
+        cells = self._mixed_cells
+        if num_steps <= _SHORT_RUN:
+            a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+            out = []
+            c, m = context, longest
+            for _ in range(num_steps):
+                q = c / m
+                if (i < i_last and q >= bx[i + 1]) or (j < j_last and c >= xs[j + 1]):
+                    while i < i_last and q >= bx[i + 1]:
+                        i += 1
+                    while j < j_last and c >= xs[j + 1]:
+                        j += 1
+                    a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+                out.append(base + ((a0 + b0 * c) + (da0 + db0 * c) * ((q - y0) / dy)))
+                c += b
+                m += 1
+            return out
+        out = []
         k = 0
         while k < num_steps:
             c, m = context + k * b, longest + k
@@ -457,13 +516,16 @@ class TableCostModel:
                 while kb < stop and (context + kb * b) / (longest + kb) < row:
                     kb += 1
                 stop = kb
-            x0, dx = xs[j], xs[j + 1] - xs[j]
-            y0, dy = bx[i], bx[i + 1] - bx[i]
-            lo, hi = da[i], da[i + 1]
-            lo0, lo1, hi0, hi1 = lo[j], lo[j + 1], hi[j], hi[j + 1]
-            out += [base + ((lo0 * (1.0 - (wc := (cc - x0) / dx)) + lo1 * wc) * (1.0 - (wb := (cc / mm - y0) / dy))
-                            + (hi0 * (1.0 - wc) + hi1 * wc) * wb)
-                    for cc, mm in zip(range(c, context + stop * b, b), range(m, longest + stop))]
+            a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+            if stop - k < _NUMPY_SPAN:
+                out += [base + ((a0 + b0 * cc) + (da0 + db0 * cc) * ((cc / mm - y0) / dy))
+                        for cc, mm in zip(range(c, context + stop * b, b), range(m, longest + stop))]
+            else:
+                # The same operations element-wise (IEEE float64, integers below 2^53 convert
+                # exactly, no fused multiply-add): the same bits, at a fraction of the cost.
+                cc = np.arange(c, context + stop * b, b, dtype=np.int64)
+                mm = np.arange(m, longest + stop, dtype=np.int64)
+                out += (base + ((a0 + b0 * cc) + (da0 + db0 * cc) * ((cc / mm - y0) / dy))).tolist()
             k = stop
         return out
 
