@@ -222,3 +222,16 @@ def test_a_run_crossing_batch_rows_keeps_the_bits_of_its_steps(kv, steps):
     b, c0, m0 = len(kv), sum(kv), max(kv)
     run = model.decode_run_durations(b, c0, steps, m0)
     assert run == [model.step_time((), b, c0 + k * b, m0 + k) for k in range(steps)]
+
+
+def test_the_invariant_check_recounts_the_longest_decode(monkeypatch):
+    """`simulation.check` recounts the decoding requests' longest offset every step: a tracker
+    that forgets removals (a finished long decode still counted) is caught, naming it."""
+    from lmsim.errors import InvariantError
+
+    trace = make_trace([0.0, 0.0], [3000, 100], [5, 40])
+    cluster = {"profile": "h20/qwen2-7b", "num_gpu_blocks": 2000}
+    Simulation(make_config(cluster=cluster), trace).run()  # consistent: passes
+    monkeypatch.setattr(LongestDecode, "remove", lambda self, value: None)
+    with pytest.raises(InvariantError, match="longest decode offset"):
+        Simulation(make_config(cluster=cluster), trace).run()
