@@ -106,6 +106,12 @@ def check_step(sim: Simulation, instance: Instance, plan: StepPlan, outcome: Ste
         _fail("KV: " + "; ".join(problems), instance, step, now)
     if s.num_decoding != sum(1 for r in s.running if r.decoding):
         _fail("decode count out of sync with the running list", instance, step, now)
+    if s._longest is not None and s.num_decoding:
+        # the longest decode's KV offset, kept incrementally, against a recount
+        offsets = [r.input_tokens - r.decode_base for r in s.running if r.decoding]
+        if s._longest.longest() != max(offsets) or len(s._longest) != len(offsets):
+            _fail(f"longest decode offset {s._longest.longest()} but the decoding requests' is {max(offsets)}",
+                  instance, step, now)
 
     # Timestamps: checked as soon as each one exists (first token), and in full at the end.
     # The TTFT floor is an invariant only for an additive cost model (the linear profile):

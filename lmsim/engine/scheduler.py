@@ -40,6 +40,7 @@ from lmsim.engine.connector import KVConnector
 from lmsim.engine.kv_cache import ANON, PrefixCache
 from lmsim.engine.request import Request, RequestState
 from lmsim.profile.base import StepCostModel
+from lmsim.profile.decode_batch import LongestDecode
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class StepPlan:
     num_decodes: int = 0
     num_tokens: int = 0  # tokens scheduled in the first step
     decode_context: int = 0  # sum of KV lengths the first step's decodes attend to
+    decode_longest: int = 0  # the longest of them (0: not tracked, the cost model does not use it)
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     starved: list[Request] = field(default_factory=list)  # decodes given no token
@@ -91,6 +93,9 @@ class InstanceScheduler:
         self._grid_check = getattr(cost_model, "steps_outside_grid", None)
         # A list-returning twin of decode_run_times spares a numpy round trip per run.
         self._run_durations = getattr(cost_model, "decode_run_durations", None)
+        # Decodes' KV-length offsets (input_tokens - decode_base), kept only for a cost model
+        # that prices a mixed batch by its longest sequence (lmsim.profile.decode_batch).
+        self._longest = LongestDecode() if getattr(cost_model, "prices_decode_longest", False) else None
         self.num_outside_grid = 0  # committed steps priced outside the profile's grid
         self.block_size = cache.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -329,14 +334,16 @@ class InstanceScheduler:
                 else:
                     k = self._steps_head_stays_blocked(s, k)
         context0 = self._dec_sum_input - self._dec_sum_base + num_dec * s  # decodes' KV at step s
+        longest0 = self._longest.longest() + s if self._longest is not None else 0
+        longest = (longest0,) if longest0 else ()  # other cost models take three arguments
         if self._run_durations is not None:
-            durations = self._run_durations(num_dec, context0, k)
+            durations = self._run_durations(num_dec, context0, k, *longest)
         else:
-            durations = self.cost_model.decode_run_times(num_dec, context0, k).tolist()
+            durations = self.cost_model.decode_run_times(num_dec, context0, k, *longest).tolist()
         self._run_end = s + k
         plan = StepPlan(
             s, k, durations, num_decodes=num_dec, num_tokens=num_dec, decode_context=context0,
-            long_prefill_cap=self._cap,
+            decode_longest=longest0, long_prefill_cap=self._cap,
         )
         self._unlaunched = plan
         return plan
@@ -607,6 +614,8 @@ class InstanceScheduler:
             num_tokens=num_dec + sum(demands),
             decode_context=self._dec_sum_input - self._dec_sum_base + num_dec * s,
         )
+        if num_dec and self._longest is not None:
+            plan.decode_longest = self._longest.longest() + s
         for request, q, nb in zip(prefilling, demands, chunk_blocks):
             self._allocate_chunk(request, q, nb)
             plan.chunks.append((request, q))
@@ -648,7 +657,10 @@ class InstanceScheduler:
                 if request in self._fills[s % bs]:
                     self._cache_filled_block(request, s)
                 plan.num_decodes += 1
-                plan.decode_context += request.input_tokens + s - request.decode_base
+                kv = request.input_tokens + s - request.decode_base
+                plan.decode_context += kv
+                if kv > plan.decode_longest:
+                    plan.decode_longest = kv
             else:
                 self._allocate_chunk(request, q, need)
                 plan.chunks.append((request, q))
@@ -673,7 +685,10 @@ class InstanceScheduler:
 
     def _step_time(self, plan: StepPlan) -> float:
         chunks = [(q, r.num_computed_tokens) for r, q in plan.chunks]
-        seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
+        if self._longest is not None:
+            seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context, plan.decode_longest)
+        else:
+            seconds = self.cost_model.step_time(chunks, plan.num_decodes, plan.decode_context)
         if self.step_extra_s:
             seconds += self.step_extra_s
             self.step_extra_s = 0.0
@@ -965,6 +980,8 @@ class InstanceScheduler:
         self.num_decoding += 1
         self._dec_sum_input += request.input_tokens
         self._dec_sum_base += base
+        if self._longest is not None:
+            self._longest.add(request.input_tokens - base)
         request.finish_step = request.output_tokens + base - 1
         heapq.heappush(self._finish_heap, (request.finish_step, request.admit_seq, request))
 
@@ -976,6 +993,8 @@ class InstanceScheduler:
         self.num_decoding -= 1
         self._dec_sum_input -= request.input_tokens
         self._dec_sum_base -= base
+        if self._longest is not None:
+            self._longest.remove(request.input_tokens - base)
         request.decoding = False
 
     def _starve(self, request: Request) -> None:

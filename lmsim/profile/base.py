@@ -14,6 +14,11 @@ A step is described by its composition, never by request objects:
 engine fast-forwards runs of decode-only steps with the former and single steps with the
 latter, and the two modes must give identical results.
 
+A model that prices a decode batch by its longest sequence too (`lmsim.profile.decode_batch`)
+says so with `prices_decode_longest = True`; the engine then also passes the longest decode's
+KV length, `step_time(chunks, B, C, M)` and `decode_run_times(B, C0, K, M0)` (step k's longest
+is M0 + k), with the same bit-for-bit rule. Other models are called with three arguments.
+
 `host_time(num_seqs, num_tokens)` is the part of `step_time` spent on the host (scheduling,
 input preparation, sampling, output processing) for a step of that many sequences and
 tokens; it must not exceed `step_time` of any such step. Synchronous engines pay it in every

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from lmsim.profile.decode_batch import DECODE_BATCH_FORMS
+
 FORMAT = "lmsim-profile/1"
 
 
@@ -74,6 +76,11 @@ FIELDS: tuple[Field, ...] = (
           "the engine prepares the next step on the CPU while the GPU runs this one (SGLang's "
           "overlap scheduler): a step costs max(cpu_s + cpu_per_token_s x T, the rest) instead of "
           "their sum (default false, vLLM v1)"),
+    Field("step.decode_batch", "str", False, "",
+          "how a decode batch of mixed KV lengths is priced: `longest` (default), the decode table "
+          "at (total / longest, total), or `mean`, at (batch, total) as if every sequence had the "
+          "mean length (Vidur's rule); equal lengths give the same either way "
+          "(`lmsim.profile.decode_batch`)"),
     Field("limits.decode_context_per_sequence", "int", False, "> 0",
           "largest per-sequence KV length the decode table was measured at; a decode step whose "
           "mean context exceeds it counts as outside the grid"),
@@ -162,6 +169,9 @@ def validate_meta(meta: Any, *, strict: bool = False) -> list[str]:
         problem = _check_value(f, value)
         if problem:
             problems.append(problem)
+    present, form = _lookup(meta, "step.decode_batch")
+    if present and isinstance(form, str) and form not in DECODE_BATCH_FORMS:
+        problems.append(f"field 'step.decode_batch' must be one of {', '.join(DECODE_BATCH_FORMS)}, got {form!r}")
     if meta.get("format") is not None and meta.get("format") != FORMAT:
         problems.append(f"field 'format' must be {FORMAT!r}, got {meta['format']!r}")
     if not strict:

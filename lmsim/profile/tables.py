@@ -15,7 +15,9 @@ strictly increasing and every time finite and non-negative.
 
 `TableCostModel` prices a step as
 `fixed_s + tokens(T) + seqs(B) + cpu_per_token_s*T + decode_attention(B_d, C_d)
-+ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences; a
++ sum over chunks of prefill_attention(q, c)`, with T = total tokens and B = sequences
+(a decode batch of mixed lengths is looked up at (C_d / M, C_d), M its longest KV length,
+under the default `step.decode_batch: longest`; `lmsim.profile.decode_batch`); a
 profile of an engine whose host work overlaps the GPU (`step.host_overlap: true`) takes
 max(host, rest) with host = `cpu_s(B) + cpu_per_token_s*T` instead of the sum. It
 reads only the tables, never the formula that generated them. Interpolation is piecewise
@@ -27,6 +29,7 @@ path (`step_time`) and the vectorised one (`decode_run_times`) agree bit for bit
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import math
 import warnings
@@ -41,6 +44,7 @@ import yaml
 
 from lmsim.errors import ProfileError
 from lmsim.outputs import atomic_path, write_text
+from lmsim.profile.decode_batch import DEFAULT_DECODE_BATCH
 from lmsim.profile.schema import FORMAT, validate_meta
 
 GIB = float(1 << 30)
@@ -130,6 +134,7 @@ def interp2(xs: np.ndarray, ys: np.ndarray, z: np.ndarray, x: np.ndarray, y: np.
 
 
 _SHORT_RUN = 6  # decode runs up to this many steps are priced step by step
+_NUMPY_SPAN = 48  # a mixed run's steps in one table cell priced with numpy from this many on
 _MEMO_LIMIT = 1 << 16  # memoised 1-D lookups per table (a step has at most this many tokens)
 
 
@@ -155,6 +160,10 @@ class TableCostModel:
         # An engine that overlaps host work with the GPU (SGLang's overlap scheduler) pays the
         # larger of the two; vLLM v1 (the default) pays their sum on the fast path below.
         self._overlap = bool(data.meta["step"].get("host_overlap", False))
+        # How a decode batch of mixed lengths is priced (lmsim.profile.decode_batch). The
+        # engine passes the longest decode's KV length only to a model that says it prices it.
+        self.decode_batch = str(data.meta["step"].get("decode_batch") or DEFAULT_DECODE_BATCH)
+        self.prices_decode_longest = self.decode_batch == "longest"
         self._cpu_yl = data.cpu_s.astype(float).tolist()
         self._pa_q, self._pa_c = data.pa_q.astype(float).tolist(), data.pa_c.astype(float).tolist()
         self._pa = data.pa.astype(float).tolist()
@@ -174,6 +183,13 @@ class TableCostModel:
         self.max_model_len = int(declared) if declared else None
         self._slot_tokens = int(m["memory"].get("kv_pool_slot_tokens") or 0)
         self._rows: dict[int, tuple[float, list[float], np.ndarray]] = {}
+        self._mixed_cells: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = {}
+        # The decode table's row below batch b: bisect_right(batch grid, b) - 1, clamped. On an
+        # all-integer grid (every shipped table) it depends only on floor(b), so a mixed
+        # batch's fractional C/M finds its row by indexing instead of bisecting.
+        last = len(self._da_b) - 2
+        self._row_below = [max(0, min(bisect_right(self._da_b, n) - 1, last)) for n in range(int(self._da_b[-1]) + 1)] \
+            if all(x == int(x) for x in self._da_b) and self._da_b[-1] <= 1 << 16 else None
         self._tok_memo: dict[int, float] = {}  # tokens -> _lerp over tokens.csv
         self._seq_memo: dict[int, float] = {}  # seqs -> _lerp over seqs.csv
         # The measured grid: (lowest, highest) of every axis a step is looked up on.
@@ -212,6 +228,59 @@ class TableCostModel:
         j, wc = _locate(self._da_c, context)
         return row[j] * (1.0 - wc) + row[j + 1] * wc
 
+    def _mixed_decode_attention(self, context: int, longest: int) -> float:
+        """Decode attention of a batch whose KV lengths sum to `context` and whose longest is
+        `longest`, under the `longest` form: the table at batch context/longest, bilinear
+        (`_mixed_cell`'s form). Only for mixed batches (longest > context / batch); equal
+        lengths take `step_time`'s row path."""
+        bx, xs = self._da_b, self._da_c
+        b = context / longest
+        if b < bx[0]:
+            b = bx[0]
+        rows = self._row_below
+        if rows is not None and b < len(rows):
+            i = rows[int(b)]
+        else:
+            i = bisect_right(bx, b) - 1
+            if i > len(bx) - 2:
+                i = len(bx) - 2
+        c = context if context >= xs[0] else xs[0]
+        j = bisect_right(xs, c) - 1
+        if j > len(xs) - 2:
+            j = len(xs) - 2
+        a0, b0, da, db, y0, dy = self._mixed_cells.get((i, j)) or self._mixed_cell(i, j)
+        return (a0 + b0 * c) + (da + db * c) * ((b - y0) / dy)
+
+    def _mixed_cell(self, i: int, j: int) -> tuple[float, float, float, float, float, float]:
+        """Cell (i, j) of the decode table as a bilinear polynomial: along the context, the
+        lower row is a0 + b0*c and the upper minus the lower da + db*c; across the batch, the
+        weight is (b - y0)/dy. The same values as blending the four corners, in fewer
+        operations, which matters in a run (`_mixed_run` prices every step with it)."""
+        xs, bx, da = self._da_c, self._da_b, self._da
+        x0, dx = xs[j], xs[j + 1] - xs[j]
+        lo_slope = (da[i][j + 1] - da[i][j]) / dx
+        hi_slope = (da[i + 1][j + 1] - da[i + 1][j]) / dx
+        lo_at0 = da[i][j] - lo_slope * x0
+        hi_at0 = da[i + 1][j] - hi_slope * x0
+        cell = (lo_at0, lo_slope, hi_at0 - lo_at0, hi_slope - lo_slope, bx[i], bx[i + 1] - bx[i])
+        self._mixed_cells[(i, j)] = cell
+        return cell
+
+    def _decode_attention_of(self, num_decodes: int, context: int, longest: int) -> float:
+        if longest * num_decodes > context and self.prices_decode_longest:
+            return self._mixed_decode_attention(context, longest)
+        return self._decode_attention(num_decodes, context)
+
+    def with_decode_batch(self, form: str) -> TableCostModel:
+        """This profile with `step.decode_batch` set to `form` (`longest` or `mean`)."""
+        from lmsim.profile.decode_batch import DECODE_BATCH_FORMS
+
+        if form not in DECODE_BATCH_FORMS:
+            raise ProfileError(f"{self.data.source}: decode_batch must be one of "
+                               f"{', '.join(DECODE_BATCH_FORMS)}, got {form!r}")
+        meta = dict(self.data.meta, step=dict(self.data.meta["step"], decode_batch=form))
+        return TableCostModel(dataclasses.replace(self.data, meta=meta))
+
     def _prefill_attention(self, q: int, c: int) -> float:
         i, wq = _locate(self._pa_q, q)
         j, wc = _locate(self._pa_c, c)
@@ -234,12 +303,15 @@ class TableCostModel:
         prefill_chunks: Sequence[tuple[int, int]],
         num_decodes: int,
         decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> float:
+        """`decode_longest`: the longest decode's KV length (c_i + 1); 0 (unknown) prices
+        the decodes as equal lengths."""
         # `_base`, `_decode_attention` and `_prefill_attention` inlined (the router prices
         # 16 steps per llmd decision): the same operations in the same order, so the same bits.
         # The 1-D lookups are memoised by their integer argument (batches repeat).
         if self._overlap:
-            return self._overlapped_step(prefill_chunks, num_decodes, decode_context_tokens)
+            return self._overlapped_step(prefill_chunks, num_decodes, decode_context_tokens, decode_longest)
         seqs = num_decodes
         tokens = num_decodes
         for q, _ in prefill_chunks:
@@ -257,7 +329,9 @@ class TableCostModel:
                 self._seq_memo[seqs] = seq
         t = self._fixed + tok
         t = t + seq + self._cpt * tokens
-        if num_decodes:
+        if decode_longest * num_decodes > decode_context_tokens and self.prices_decode_longest:
+            t = t + self._mixed_decode_attention(decode_context_tokens, decode_longest)
+        elif num_decodes:
             row = (self._rows.get(num_decodes) or self._decode_row(num_decodes))[1]
             xs = self._da_c
             x = decode_context_tokens if decode_context_tokens >= xs[0] else xs[0]
@@ -287,13 +361,14 @@ class TableCostModel:
         return float(t)
 
     def _overlapped_step(
-        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> float:
         """max(host, GPU) for a `host_overlap` profile: the components' sum split into the host
         part (`cpu_s(B) + cpu_per_token_s*T`) and the rest."""
         seqs = num_decodes + len(prefill_chunks)
         tokens = num_decodes + sum(q for q, _ in prefill_chunks)
-        parts = self.components(prefill_chunks, num_decodes, decode_context_tokens)
+        parts = self.components(prefill_chunks, num_decodes, decode_context_tokens, decode_longest)
         host = _lerp(self._seq_xl, self._cpu_yl, seqs) + self._cpt * tokens
         total = parts["fixed"] + parts["tokens"] + parts["seqs"] + parts["decode_attention"] + parts["prefill_attention"]
         gpu = total - host
@@ -316,13 +391,13 @@ class TableCostModel:
         return cached
 
     def decode_run_times(
-        self, num_decodes: int, first_context_tokens: int, num_steps: int
+        self, num_decodes: int, first_context_tokens: int, num_steps: int, first_longest: int = 0
     ) -> np.ndarray:
-        # Same operations in the same order as step_time((), B, C0 + k*B), element-wise.
-        return np.array(self.decode_run_durations(num_decodes, first_context_tokens, num_steps))
+        # Same operations in the same order as step_time((), B, C0 + k*B, M0 + k), element-wise.
+        return np.array(self.decode_run_durations(num_decodes, first_context_tokens, num_steps, first_longest))
 
     def decode_run_durations(
-        self, num_decodes: int, first_context_tokens: int, num_steps: int
+        self, num_decodes: int, first_context_tokens: int, num_steps: int, first_longest: int = 0
     ) -> list[float]:
         """`decode_run_times` as a list of floats, the engine's form, without numpy (whose
         per-call cost dominated runs of a few dozen steps; the vectorised form is kept in the
@@ -330,13 +405,19 @@ class TableCostModel:
         fall into the grid's segments in order: a short run is priced step by step, a long
         one prices each segment's steps in one comprehension over a `range` (measured 2.5x
         slower than step by step for 1-2 steps, faster from ~7, 1.3x at 33). The arithmetic
-        is `_decode_attention`'s, so the bits are step_time's."""
+        is `_decode_attention`'s, so the bits are step_time's.
+
+        `first_longest` is the longest decode's KV length in the first step (0: unknown); every
+        length grows by one a step, so a mixed batch stays mixed and is priced step by step."""
         if self._overlap:
             # Priced step by step so a fast-forwarded run keeps step_time's bits.
-            return [self.step_time((), num_decodes, first_context_tokens + k * num_decodes)
+            return [self.step_time((), num_decodes, first_context_tokens + k * num_decodes,
+                                   first_longest + k if first_longest else 0)
                     for k in range(num_steps)]
         if num_decodes == 0:
             return [float(self._base(0, 0))] * num_steps
+        if first_longest * num_decodes > first_context_tokens and self.prices_decode_longest:
+            return self._mixed_run(num_decodes, first_context_tokens, first_longest, num_steps)
         base, row, _ = self._decode_row(num_decodes)
         xs = self._da_c
         last = len(xs) - 2
@@ -370,6 +451,82 @@ class TableCostModel:
             steps = range(x, end if j == last else min(end, math.ceil(xs[j + 1])), num_decodes)
             out += [base + (r0 * (1.0 - (wc := (c - lo) / span)) + r1 * wc) for c in steps]
             x += len(steps) * num_decodes
+        return out
+
+    def _mixed_run(self, num_decodes: int, context: int, longest: int, num_steps: int) -> list[float]:
+        """`_mixed_decode_attention` over a run, plus the batch's fixed part, with
+        `_mixed_decode_attention`'s arithmetic (so step_time's bits). Both lookup points only
+        grow: the context by B a step, the batch C/M too ((C + B)/(M + 1) > C/M exactly when
+        B M > C, the batch being mixed, and rounding keeps the order). So the run falls into
+        the table's cells in order, and each cell's steps are priced in one comprehension; a
+        cell ends where the context reaches the next column (integer arithmetic) or the
+        batch the next row (estimated, then settled on the rounded quotient itself)."""
+        base = self._decode_row(num_decodes)[0]
+        bx, xs = self._da_b, self._da_c
+        i_last, j_last = len(bx) - 2, len(xs) - 2
+        if context / longest < bx[0] or context < xs[0]:  # held below the grid: step by step
+            return [base + self._mixed_decode_attention(context + k * num_decodes, longest + k)
+                    for k in range(num_steps)]
+        b = num_decodes
+        rows = self._row_below
+        q = context / longest
+        if rows is not None and q < len(rows):
+            i = rows[int(q)]
+        else:
+            i = bisect_right(bx, q) - 1
+            if i > i_last:
+                i = i_last
+        j = bisect_right(xs, context) - 1
+        if j > j_last:
+            j = j_last
+        cells = self._mixed_cells
+        if num_steps <= _SHORT_RUN:
+            a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+            out = []
+            c, m = context, longest
+            for _ in range(num_steps):
+                q = c / m
+                if (i < i_last and q >= bx[i + 1]) or (j < j_last and c >= xs[j + 1]):
+                    while i < i_last and q >= bx[i + 1]:
+                        i += 1
+                    while j < j_last and c >= xs[j + 1]:
+                        j += 1
+                    a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+                out.append(base + ((a0 + b0 * c) + (da0 + db0 * c) * ((q - y0) / dy)))
+                c += b
+                m += 1
+            return out
+        out = []
+        k = 0
+        while k < num_steps:
+            c, m = context + k * b, longest + k
+            while i < i_last and c / m >= bx[i + 1]:
+                i += 1
+            while j < j_last and c >= xs[j + 1]:
+                j += 1
+            stop = num_steps
+            if j < j_last:
+                stop = min(stop, k - (-(math.ceil(xs[j + 1]) - c) // b))
+            if i < i_last and bx[i + 1] < b:
+                row = bx[i + 1]
+                guess = math.ceil((row * longest - context) / (b - row))
+                kb = min(max(guess, k + 1), stop)
+                while kb > k + 1 and (context + (kb - 1) * b) / (longest + kb - 1) >= row:
+                    kb -= 1
+                while kb < stop and (context + kb * b) / (longest + kb) < row:
+                    kb += 1
+                stop = kb
+            a0, b0, da0, db0, y0, dy = cells.get((i, j)) or self._mixed_cell(i, j)
+            if stop - k < _NUMPY_SPAN:
+                out += [base + ((a0 + b0 * cc) + (da0 + db0 * cc) * ((cc / mm - y0) / dy))
+                        for cc, mm in zip(range(c, context + stop * b, b), range(m, longest + stop))]
+            else:
+                # The same operations element-wise (IEEE float64, integers below 2^53 convert
+                # exactly, no fused multiply-add): the same bits, at a fraction of the cost.
+                cc = np.arange(c, context + stop * b, b, dtype=np.int64)
+                mm = np.arange(m, longest + stop, dtype=np.int64)
+                out += (base + ((a0 + b0 * cc) + (da0 + db0 * cc) * ((cc / mm - y0) / dy))).tolist()
+            k = stop
         return out
 
     def host_time(self, num_seqs: int, num_tokens: int) -> float:
@@ -497,7 +654,8 @@ class TableCostModel:
 
     # -- conveniences for tools -----------------------------------------------------------
     def components(
-        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context_tokens: int,
+        decode_longest: int = 0,
     ) -> dict[str, float]:
         """The step split into the profile's components (used by `fit` and `show`)."""
         seqs = num_decodes + len(prefill_chunks)
@@ -506,7 +664,7 @@ class TableCostModel:
             "fixed": self._fixed,
             "tokens": _lerp(self._tok_xl, self._tok_yl, tokens) + self._cpt * tokens,
             "seqs": _lerp(self._seq_xl, self._seq_yl, seqs),
-            "decode_attention": self._decode_attention(num_decodes, decode_context_tokens)
+            "decode_attention": self._decode_attention_of(num_decodes, decode_context_tokens, decode_longest)
             if num_decodes else 0.0,
             "prefill_attention": sum(self._prefill_attention(q, c) for q, c in prefill_chunks),
         }

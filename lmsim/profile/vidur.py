@@ -406,7 +406,8 @@ def import_vidur(
                    "reference_gpu_memory_utilization": round(1.0 - memory_margin, 12),
                    "note": "KV pool = utilization x memory_gib - weight_bytes, in whole slots of "
                            "kv_pool_slot_tokens (Vidur's memory planner)"},
-        "step": {"fixed_s": 0.0, "cpu_per_token_s": 0.0},
+        # Vidur looks a decode batch up at its mean KV length [R5]
+        "step": {"fixed_s": 0.0, "cpu_per_token_s": 0.0, "decode_batch": "mean"},
         "limits": {
             "decode_context_per_sequence": int(attention.decode_max_kv - DECODE_KV_OFFSET),
             "prefill_kv": int(attention.prefill_max_kv),
