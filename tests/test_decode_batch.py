@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_config, make_trace
-from lmsim.engine.simulation import Simulation
 from lmsim.errors import ProfileError
 from lmsim.profile import PROFILES_DIR
 from lmsim.profile.decode_batch import LongestDecode
 from lmsim.profile.tables import TableCostModel, load_table_profile, read_profile, validate_profile
+from lmsim.study.compose import build_simulation
 
 TINY = Path(__file__).parent / "fixtures" / "profiles" / "tiny"
 SHIPPED = ["h20/qwen2-7b", "h20/qwen3-30b-a3b", "h100/qwen2-7b", "h100/qwen3-30b-a3b",
@@ -97,9 +97,9 @@ def test_a_short_request_does_not_speed_up_a_long_one_in_the_engine():
     0.67 ms cheaper than the long decode alone, and the long request finished earlier with
     company than without (this test fails on the code before the longest form)."""
     cluster = {"profile": "h20/qwen2-7b", "num_gpu_blocks": 20_000}
-    alone = Simulation(make_config(cluster=cluster), make_trace([0.0], [120_000], [40])).run().requests
+    alone = build_simulation(make_config(cluster=cluster), make_trace([0.0], [120_000], [40])).run().requests
     start = float(alone["first_token_at"].iloc[0])
-    both = Simulation(make_config(cluster=cluster), make_trace([0.0, start + 1e-3], [120_000, 100], [40, 20]))
+    both = build_simulation(make_config(cluster=cluster), make_trace([0.0, start + 1e-3], [120_000, 100], [40, 20]))
     records = both.run().requests.set_index("request_id")
     assert records.loc[1, "finished_at"] < records.loc[0, "finished_at"]  # they overlapped
     assert records.loc[0, "finished_at"] >= float(alone["finished_at"].iloc[0])
@@ -153,7 +153,7 @@ def test_mean_form_runs_end_to_end(tmp_path):
     runs = {}
     for label, profile in (("mean", str(folder)), ("longest", "h20/qwen2-7b")):
         config = make_config(cluster={"profile": profile, "num_gpu_blocks": 2000})
-        runs[label] = Simulation(config, trace).run().requests["finished_at"].to_numpy()
+        runs[label] = build_simulation(config, trace).run().requests["finished_at"].to_numpy()
     # the long request shares its decode steps with shorter ones: the mean form prices them lower
     assert runs["mean"].max() < runs["longest"].max()
 
@@ -231,7 +231,7 @@ def test_the_invariant_check_recounts_the_longest_decode(monkeypatch):
 
     trace = make_trace([0.0, 0.0], [3000, 100], [5, 40])
     cluster = {"profile": "h20/qwen2-7b", "num_gpu_blocks": 2000}
-    Simulation(make_config(cluster=cluster), trace).run()  # consistent: passes
+    build_simulation(make_config(cluster=cluster), trace).run()  # consistent: passes
     monkeypatch.setattr(LongestDecode, "remove", lambda self, value: None)
     with pytest.raises(InvariantError, match="longest decode offset"):
-        Simulation(make_config(cluster=cluster), trace).run()
+        build_simulation(make_config(cluster=cluster), trace).run()
