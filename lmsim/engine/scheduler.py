@@ -787,7 +787,8 @@ class InstanceScheduler:
         computed = self._loaded_tokens(request)
         blocks = request.num_cached_blocks + request.kv_external_blocks
         if self.enable_prefix_caching:
-            last = min(blocks, len(request.kv_hashes))
+            # a partial last block read from a prefill instance is cached once it is full
+            last = min(blocks, len(request.kv_hashes), request.num_tokens_target // self.block_size)
             if last > request.num_cached_blocks:
                 self.cache.register_range(request.kv_hashes, request.block_keys, request.num_cached_blocks, last)
                 request.num_cached_blocks = last
