@@ -56,6 +56,11 @@ class KVConnector(Protocol):
         the instance's `external_ready(request)`."""
         ...
 
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        """The request was admitted with a GPU hit of `hit_blocks` blocks (vLLM
+        `update_state_after_alloc`, called for every admission)."""
+        ...
+
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         """True to keep the finished request's blocks until `release_held(request)`."""
         ...
@@ -89,6 +94,10 @@ class MultiConnector:
 
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         self._chosen.pop(request.request_id).start_load(scheduler, request, first_block, num_blocks)
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        for connector in self.connectors:
+            connector.admitted(scheduler, request, hit_blocks)
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         holders = [c for c in self.connectors if c.hold_on_finish(scheduler, request)]

@@ -309,6 +309,9 @@ class _PrefillSide:
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         raise AssertionError("a prefill instance loads no KV")
 
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        pass
+
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         return True
 
@@ -325,6 +328,9 @@ class _DecodeSide:
 
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         self.disagg.start_transfer(request, num_blocks)
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        pass
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         return False

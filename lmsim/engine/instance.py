@@ -183,6 +183,8 @@ class Instance:
         self.landed: list[tuple[float, int, Request]] = []
         self._empty_poll = -INF  # async: an empty plan's poll, applied when the step in flight ends
         self._idle_poll = False  # a wake-up that polls (nothing in flight, requests waiting)
+        # told when a plan is made, with when its KV events are published (lower KV tiers)
+        self.on_planned: Callable[[float], None] | None = None
         self._kv_unstamped: list[tuple[int, bool]] = []
         # Every gap between consecutive output tokens of a request, as (gap, how many
         # requests had it): a step's decodes each wait one step (end to end); a decode
@@ -416,6 +418,8 @@ class Instance:
             events, self._kv_unstamped = self._kv_unstamped, []
             for block_hash, stored in events:
                 self.kv_sink(self.instance_id, block_hash, stored, now)  # type: ignore[misc]
+            if self.on_planned is not None:
+                self.on_planned(now)
             if self.landed:
                 # vLLM runs the empty step anyway and its poll sees what has landed: applied
                 # at once, or when the step in flight ends (its output is processed first)
@@ -444,6 +448,8 @@ class Instance:
             self._note_long_gaps(planned)
         if self._kv_unstamped:
             self._publish_planned_events(planned)
+        if self.on_planned is not None:
+            self.on_planned(planned.published_at(0))
         return True
 
     def _note_long_gaps(self, planned: _Planned) -> None:

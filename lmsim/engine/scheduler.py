@@ -715,6 +715,8 @@ class InstanceScheduler:
             if self.enable_prefix_caching:
                 request.lookup_tokens += request.num_tokens_target
                 request.lookup_hit_tokens += hit_blocks * bs
+            if self.connector is not None:
+                self.connector.admitted(self, request, hit_blocks)
             if external:
                 self._start_load(request, hit_blocks, external)
                 continue  # no tokens scheduled: the budget is untouched
