@@ -47,7 +47,7 @@ applies it when it processes that output (`Scheduler.update_from_output` ->
 `_update_waiting_for_remote_kv`; a finished send frees the blocks, `_free_blocks`). Here the
 poll of a step is at its planning time, so a completion at t is applied at the end of the
 first step planned at or after t, right before the plan made there: a load that lands
-while step N runs is admitted in step N+2 (synchronous) or N+3 (asynchronous: N+1 was
+while step N runs is admitted in step N+2 (synchronous) or N+4 (asynchronous: N+1 was
 planned when N-1 ended, so the first poll after t is N+2's, and the plan made when N+2
 ends is N+4's) instead of N+1 / N+2, one / two steps later. An engine with nothing to run
 but requests waiting (for their KV, or for blocks a held request keeps) runs empty steps
