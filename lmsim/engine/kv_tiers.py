@@ -37,8 +37,9 @@ What the engines do, and what this models (each source named where it is used):
   recomputes the last one). Host blocks cost one host-to-GPU copy; disk blocks are first
   read into host memory (promoted there, as the mocker's `VllmG3OffloadAdapter::stage`),
   then everything crosses to the GPU in one copy. `before_admission` (default): the request
-  waits with its GPU blocks allocated while the others run and is admitted when the bytes
-  land (vLLM `WAITING_FOR_REMOTE_KVS`; the mocker delays admission by the load time);
+  waits with its GPU blocks allocated while the others run and is admitted once the bytes
+  have landed and the instance's connector poll has seen them (vLLM `WAITING_FOR_REMOTE_KVS`
+  and `get_finished`, lmsim.engine.instance; the mocker delays admission by the load time);
   `in_step`: the load time is added to the step that admits it (LMCache's synchronous
   `start_load_kv` before the forward).
 * **Copies** cross per-instance channels (lmsim.engine.links): a GPU-to-host lane and a
@@ -48,16 +49,17 @@ What the engines do, and what this models (each source named where it is used):
 
 Defaults and why. write-through is what vLLM's OffloadingConnector, LMCache, SGLang's default
 `write_through`, KVBM and the mocker all do; only SGLang's `write_back` waits for eviction.
-Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml, refitted cost model
-of issue 23; first-admission host hit ratio, write-through / on-eviction): 0.019 / 0.078 with
-25 GB of host memory per instance (0.9x the GPU's KV), 0.110 / 0.118 with 50 GB, 0.116 / 0.116
-with 100 GB and more (mean TTFT 15.3 / 15.5 s, one seed; write-through copies 38% more). A tier
-up to about twice the GPU's KV is better used exclusively (on eviction it holds only what the
-GPU lost, write-through fills it with copies of what the GPU still has); a larger one holds
-what is reused either way. (Before the refit write-through won from 3.6x up, 0.131 / 0.111:
-a block is below as soon as it is computed, not a copy-time after the GPU drops it.) The tiers
-deployments use, hundreds of GB per instance, are in the tie regime, so the measurement
-favours neither there and write-through is the default because the engines do it. `before_admission` is
+Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml, after issue 34's
+vLLM host recency; first-admission host hit ratio, write-through / on-eviction): 0.008 /
+0.078 with 25 GB of host memory per instance (0.9x the GPU's KV, mean TTFT 18.43 / 16.39 s),
+0.102 / 0.116 with 50 GB (15.78 / 15.82 s), 0.137 / 0.118 with 100 GB and more (14.34 /
+15.85 s; one seed; write-through copies 24% more). A tier up to about twice the GPU's KV is
+better used exclusively (on eviction it holds only what the GPU lost; write-through fills it
+with copies of what the GPU still has, and the refresh at every lookup keeps the GPU's hot
+prefixes there: before that refresh write-through measured 0.0195 and 0.114 at 25 and 50
+GB); a larger one favours write-through, every block being below as soon as it is computed.
+The tiers deployments use, hundreds of GB per instance, are in that regime, so the
+measurement agrees with what the engines do. `before_admission` is
 vLLM's and the mocker's; LMCache's synchronous load stalls the batch.
 Default bandwidths (`TIER_DEFAULTS`): host 32e9 B/s each way, no first-byte latency (the
 mocker's `native_host_offload` defaults, PCIe Gen4 x16 peak); disk 10e9 B/s and 0.1 ms (its
