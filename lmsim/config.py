@@ -337,6 +337,13 @@ class ClusterConfig(_Strict):
     watermark_blocks_fraction: float = Field(
         0.01, ge=0, lt=1, description="free-block watermark of whole_prompt_watermark admission"
     )
+    kv_connector_poll: Literal["step", "instant"] = Field(
+        "step",
+        description="when KV that reached an instance from outside (a P/D transfer, a lower-tier load) "
+        "and a finished send become usable: at the end of the first step whose connector poll sees "
+        "them, as in vLLM (get_finished once per step, applied in update_from_output), or the "
+        "instant they land (Dynamo's mocker)",
+    )
     max_waiting: int | None = Field(
         None, gt=0, description="per-instance waiting-queue cap; arrivals beyond it are rejected"
     )

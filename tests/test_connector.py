@@ -35,6 +35,9 @@ class FixedDelayConnector:
         instance = self.sim.instances[request.instance_id]
         schedule_at(env, env.now + self.delay_s, ARRIVAL, lambda _e: instance.external_ready(request))
 
+    def admitted(self, scheduler, request, hit_blocks):
+        pass
+
     def hold_on_finish(self, scheduler, request):
         if request.request_id not in self.hold_ids:
             return False

@@ -59,18 +59,24 @@ def test_one_request_through_prefill_transfer_and_first_decode_step():
     assert s["num_prefilled_on_decode"] == 0
 
 
-def test_a_partial_last_block_is_computed_on_the_decode_instance():
-    # 170 tokens: prefill 180 ms; 10 whole blocks move (162 ms); 10 tokens on decode: 20 ms
+def test_the_partial_last_block_is_read_not_recomputed_on_the_decode_instance():
+    """vLLM's decode side reads every prompt token past its hit (NixlConnector
+    `get_num_new_matched_tokens`), whole blocks as NIXL moves them, and computes only the
+    last token. 170 tokens: prefill 180 ms; 11 blocks (10 whole + the partial one) = 176
+    tokens x 1 MB move in 2 + 176 = 178 ms; the decode instance computes 1 token: 11 ms.
+    (Before issue 34: 10 blocks in 162 ms, then 10 tokens recomputed in 20 ms.)"""
     r = run(make_trace([0.0], [170], [1], [blocks(1)]))
-    assert r.requests.iloc[0].ttft_s == pytest.approx(0.180 + 0.162 + 0.020)
+    req = r.requests.iloc[0]
+    assert req.kv_transfer_bytes == 176_000_000
+    assert req.ttft_s == pytest.approx(0.180 + 0.178 + 0.011)
 
 
 def test_full_prompt_prices_every_prompt_token():
-    # the mocker's default: 170 tokens x 1 MB = 170 MB in 2 + 170 ms
+    # the mocker's default: 170 tokens x 1 MB = 170 MB in 2 + 170 ms; then the last token
     r = run(make_trace([0.0], [170], [1], [blocks(1)]), transfer={"tokens": "full_prompt"})
     req = r.requests.iloc[0]
     assert (req.kv_transfer_bytes, req.kv_transfer_s) == (170_000_000, pytest.approx(0.172))
-    assert req.ttft_s == pytest.approx(0.180 + 0.172 + 0.020)
+    assert req.ttft_s == pytest.approx(0.180 + 0.172 + 0.011)
 
 
 def test_only_the_blocks_the_decode_instance_lacks_move():
@@ -84,15 +90,23 @@ def test_only_the_blocks_the_decode_instance_lacks_move():
     assert req.ttft_s == pytest.approx(0.074 + 0.066 + 0.011)
 
 
-def test_nothing_moves_when_the_decode_instance_holds_the_whole_prompt():
-    # B repeats A's 160-token prompt plus 10 tokens: the decode instance caches all 10 whole
-    # blocks, so 0 bytes move; B computes its last 10 tokens there (20 ms) after a prefill
-    # of 10 + 10 ms (its hit on the prefill instance: 160 tokens).
+@pytest.mark.parametrize(("prompt", "ttft"), [
+    # 170 tokens: D's hit is A's 10 blocks, the partial 11th is read: 16 MB in 2 + 16 ms;
+    # B's prefill hits 160 tokens on P: 10 + 10 ms; then 1 token on D: 11 ms
+    (170, 0.020 + 0.018 + 0.011),
+    # A's own 160 tokens: D's hit stops a block short (a token must be computed), so the
+    # last whole block is read: 16 MB; B's prefill computes its last block on P: 10 + 16 ms
+    (160, 0.026 + 0.018 + 0.011),
+])
+def test_a_decode_instance_that_caches_the_prompt_still_reads_one_block(prompt, ttft):
+    """vLLM's decode side always reads at least one block (its prefix hit is capped below
+    the prompt's length, so `get_num_new_matched_tokens` counts at least one token); lmsim
+    before issue 34 moved 0 bytes and recomputed the partial block (20 ms for 170 tokens)."""
     a = blocks(1)
-    r = run(make_trace([0.0, 1.0], [160, 170], [1, 1], [a, a]))
+    r = run(make_trace([0.0, 1.0], [160, prompt], [1, 1], [a, a]))
     req = r.requests.iloc[1]
-    assert (req.kv_transfer_bytes, req.kv_transfer_s) == (0, 0.0)
-    assert req.ttft_s == pytest.approx(0.020 + 0.020)
+    assert (req.kv_transfer_bytes, req.kv_transfer_s) == (16_000_000, pytest.approx(0.018))
+    assert req.ttft_s == pytest.approx(ttft)
 
 
 def test_backpressure_the_prefill_instance_holds_kv_until_decode_has_room():

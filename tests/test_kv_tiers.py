@@ -55,10 +55,10 @@ def test_a_prefix_evicted_from_the_gpu_and_found_in_host_memory_costs_its_load_t
 
 
 def test_a_disk_hit_costs_the_disk_read_and_then_the_host_copy():
-    # host memory of 12 blocks: B's 15 push A out of it; the disk (100 blocks, 1e8 B/s,
+    # host memory of 15 blocks: B's 15 push A out of it; the disk (100 blocks, 1e8 B/s,
     # 1 ms first byte) still has A: 1 ms + 144,000 B / 1e8 + 144,000 B / 1e9 + 11 ms
     disk = {"capacity_blocks": 100, "read_bytes_s": 1e8, "write_bytes_s": 1e8, "latency_s": 0.001}
-    _, r = run(EVICT, tiers(host=12, disk=disk))
+    _, r = run(EVICT, tiers(host=15, disk=disk))
     a2 = r.requests.iloc[2]
     assert a2.ttft_s == pytest.approx(0.001 + 144_000 / 1e8 + 144_000 / 1e9 + 0.011, abs=1e-12)
     assert (a2.kv_hit_tokens_host, a2.kv_hit_tokens_disk) == (0, 144)
@@ -206,3 +206,71 @@ def test_a_preempted_request_waits_behind_loaded_ones_so_a_small_pool_drains():
     r = build_simulation(cfg, load_workload_trace(cfg)).run()
     assert r.summary["num_unfinished"] == 0 and r.summary["num_preemptions"] > 0
     assert r.summary["kv_num_loads"] > 0
+
+
+# -- host-memory recency as vLLM's OffloadingConnector keeps it (issue 34, item 5) ---------
+
+P4 = [900, 901, 902, 903]  # a 4-block prefix every request below shares
+
+
+def test_every_lookup_refreshes_the_request_s_blocks_so_a_prefix_hot_on_the_gpu_stays_below():
+    """OffloadingConnectorScheduler.get_num_new_matched_tokens touches all of a request's
+    blocks in the host LRU at every lookup, the ones the GPU hits too. A 64-block GPU pool
+    (nothing is evicted there) over a 12-block host tier: R0 = the prefix + 1 block (80
+    tokens) stores 5 blocks; R1..R5 (the prefix + 2 blocks of their own, 96 tokens, 1 s
+    apart) each hit the prefix on the GPU and store their 2 blocks: 15 blocks for a 12-block
+    tier, so R4 and R5 evict 3. Each lookup refreshed the prefix, so the least recent are
+    R0's own block and R1's two; before issue 34 nothing refreshed it (a GPU hit never
+    touched host memory) and the prefix's first 3 blocks aged out."""
+    rows = [[*P4, 1000]] + [[*P4, 1000 + 10 * i, 1001 + 10 * i] for i in range(1, 6)]
+    trace = make_trace([float(i) for i in range(6)], [80] + [96] * 5, [1] * 6, rows)
+    sim, r = run(trace, tiers(host=12), blocks=64)
+    host = sim.kv_tiers[0].host
+    assert r.summary["kv_host_evictions"] == 3
+    assert all(h in host for h in P4)
+    assert not any(h in host for h in (1000, 1010, 1011))
+
+
+def test_gpu_hit_blocks_the_host_has_lost_are_stored_again():
+    """vLLM stores a request's blocks from its first one (`_get_reqs_to_store` starts at
+    block 0; `prepare_store` skips those host memory has). Host tier of 6 blocks, GPU of 64:
+    R0 (the 4-block prefix, 64 tokens) stores 4 blocks; X (6 blocks of its own) stores 6,
+    evicting the prefix from host memory while the GPU keeps it; R1 (the prefix + 1 block)
+    hits it on the GPU, and its step stores the prefix again with its new block: 4 + 6 + 5
+    blocks x 16,000 B copied (before issue 34: 4 + 6 + 1, and the prefix stayed lost)."""
+    trace = make_trace([0.0, 1.0, 2.0], [64, 96, 80], [1, 1, 1],
+                       [P4, list(range(950, 956)), [*P4, 960]])
+    sim, r = run(trace, tiers(host=6), blocks=64)
+    assert r.summary["kv_offload_bytes_host"] == (4 + 6 + 5) * 16_000
+    assert all(h in sim.kv_tiers[0].host for h in [*P4, 960])
+
+
+def test_a_store_that_does_not_fit_is_skipped_whole():
+    """`LRUOffloadingManager.prepare_store` returns None when it cannot evict enough ready
+    blocks, and the store is skipped, not cut. Host tier of 12 blocks: A's 10 are stored;
+    B's 15 cannot fit even with A's evicted, so host memory keeps A and none of B (before
+    issue 34 B's copy evicted A and left B's last 12 blocks); A2 then loads A's 9 blocks
+    past its 1-block GPU hit from host memory: 144,000 B at 1e9 B/s, then its last token
+    (11 ms)."""
+    sim, r = run(EVICT, tiers(host=12))
+    tier = sim.kv_tiers[0]
+    assert sorted(tier.host.order()) == A  # (in the order A2's lookup refreshed them)
+    assert tier.host.num_skipped == 15
+    a2 = r.requests.iloc[2]
+    assert (a2.cached_tokens, a2.kv_hit_tokens_host) == (16, 144)
+    assert a2.ttft_s == pytest.approx(144_000 / 1e9 + 0.011, abs=1e-12)
+    assert r.summary["kv_offload_bytes_host"] == 10 * 16_000
+
+
+def test_block_store_prepare_store_reserves_room_and_spares_blocks_in_use():
+    store = BlockStore(4)
+    assert store.prepare_store([1, 2, 3]) == ([1, 2, 3], [])
+    assert store.leading([1, 2, 3], 0, 3) == 0  # being stored: not readable yet
+    store.complete_store([1, 2])
+    assert store.leading([1, 2, 3], 0, 3) == 2
+    store.pin([1])  # a load reads 1
+    assert store.prepare_store([4, 5]) == ([4, 5], [2])  # 1 is read, 3 is being stored: 2 goes
+    assert store.prepare_store([6, 7]) is None  # nothing else is evictable: skipped whole
+    assert store.order() == [1, 3, 4, 5]
+    store.touch([4, 5])  # walked backwards: 4 ends most recent
+    assert store.order() == [1, 3, 5, 4]

@@ -138,6 +138,9 @@ class Offer:
     def start_load(self, scheduler, request, first_block, num_blocks):
         self.loads.append((request.request_id, first_block, num_blocks))
 
+    def admitted(self, scheduler, request, hit_blocks):
+        pass
+
     def hold_on_finish(self, scheduler, request):
         self.finished.append(request.request_id)
         return self.hold

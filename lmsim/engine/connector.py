@@ -16,14 +16,17 @@ models the same seam once in the instance scheduler:
    `start_load(scheduler, request, first_block, num_blocks)`; the connector moves the bytes
    (`lmsim.engine.links`) and calls the instance's `external_ready(request)` when they have
    landed.
-3. Then the blocks become cache entries and the request waits at the front of the queue with
+3. When the instance's scheduler learns of it (vLLM: at the end of the first step whose
+   connector poll, `get_finished`, comes after the landing; `lmsim.engine.instance`), the
+   blocks become cache entries and the request waits at the front of the queue with
    `num_computed_tokens` = the loaded tokens, one fewer when they cover every token (vLLM
    `_update_waiting_for_remote_kv` recomputes the last token so that a token is sampled); its
    next admission schedules only the rest.
 4. `hold_on_finish(scheduler, request)`: when a request finishes, whether its blocks stay
    allocated for someone to read (vLLM `request_finished` returning `delay_free_blocks`: a
    prefill instance keeps a request's KV until the decode instance has pulled it); the
-   connector frees them later with the instance's `release_held(request)`.
+   connector frees them later with the instance's `release_held(request)`, which, like a
+   landed load, takes effect at the instance's next poll (vLLM `finished_sending`).
 
 Without a connector (`scheduler.connector is None`) none of this runs: the single-pool engine
 is exactly what it was.
@@ -51,6 +54,11 @@ class KVConnector(Protocol):
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         """GPU blocks first_block..first_block+num_blocks-1 are allocated: fill them, then call
         the instance's `external_ready(request)`."""
+        ...
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        """The request was admitted with a GPU hit of `hit_blocks` blocks (vLLM
+        `update_state_after_alloc`, called for every admission)."""
         ...
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
@@ -86,6 +94,10 @@ class MultiConnector:
 
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         self._chosen.pop(request.request_id).start_load(scheduler, request, first_block, num_blocks)
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        for connector in self.connectors:
+            connector.admitted(scheduler, request, hit_blocks)
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         holders = [c for c in self.connectors if c.hold_on_finish(scheduler, request)]

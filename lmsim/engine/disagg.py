@@ -14,26 +14,32 @@ The lifecycle is vLLM's NixlConnector, which Dynamo's mocker models in its vLLM 
    llm-d sidecar sends the prefill pod `max_tokens=1`; the mocker's "hidden one-token
    bootstrap request"). When it finishes, P keeps its blocks (vLLM `request_finished`
    returning `delay_free_blocks`) and the request joins D's waiting queue.
-3. D admits it first come first served like any request. Its connector side
-   (`get_num_new_matched_tokens`) offers the whole prompt blocks D does not cache; D
-   allocates them (vLLM `allocate_slots`), which needs room: while D has none the request
-   waits at the head of D's queue and P keeps holding its KV, the backpressure a prefill
-   pool feels when decode is full. Once allocated, the transfer starts.
-4. The transfer moves `kv_transfer.tokens` worth of KV (the blocks D lacks, or the whole
-   prompt as the mocker prices it by default) x the prefill profile's `kv_bytes_per_token`
-   over P's egress and D's ingress channel (`lmsim.engine.links`, bandwidth, first-byte
-   latency, `sharing` fair, fifo or none). When its last byte lands, P frees its blocks
-   (they stay in P's prefix cache) and D caches the received blocks.
-5. At D's next step boundary the request computes what is left (the partial last block, at
-   least the last token: vLLM recomputes it to sample) and samples the first token the
-   client sees. TTFT = that token - arrival.
+3. D admits it first come first served like any request. Its connector side offers every
+   prompt token past D's own prefix hit (NixlConnector `get_num_new_matched_tokens`: `count
+   = len(prompt_token_ids) - num_computed_tokens`), so the blocks D lacks including the
+   partial last one; D's hit is capped below the prompt's length, so at least one block is
+   always read. D allocates them (vLLM `allocate_slots`), which needs room: while D has
+   none the request waits at the head of D's queue and P keeps holding its KV, the
+   backpressure a prefill pool feels when decode is full. Once allocated, the transfer
+   starts.
+4. The transfer moves `kv_transfer.tokens` worth of KV (the blocks D reads, whole blocks as
+   NIXL moves them, or the whole prompt as the mocker prices it by default) x the prefill
+   profile's `kv_bytes_per_token` over P's egress and D's ingress channel
+   (`lmsim.engine.links`, bandwidth, first-byte latency, `sharing` fair, fifo or none).
+   When its last byte lands, D's worker has the blocks and P's gets the read notification
+   (NIXL delivers the transfer's `notif_msg` to P with it); each engine learns of it at its
+   next connector poll (`lmsim.engine.instance`, `cluster.kv_connector_poll`): D then
+   caches the received blocks and queues the request, P frees its blocks (they stay in P's
+   prefix cache; `finished_sending` -> `_free_blocks`).
+5. At D's next step the request computes its last token only (vLLM
+   `_update_waiting_for_remote_kv` sets `num_computed_tokens` to the loaded blocks' tokens,
+   capped at the prompt, minus one so that a token is sampled) and samples the first token
+   the client sees. TTFT = that token - arrival.
 
-A decode instance that already caches every whole block of the prompt receives nothing
-(0 bytes) and tells the prefill instance at once. A request preempted on D later recomputes
-there (the prefill's KV is gone). So does one whose leg was preempted on P while its last
-chunk was in flight (asynchronous scheduling): vLLM still gives the leg its token, but its
-blocks are freed, so D prefills the whole prompt (no transfer is recorded; it counts in
-`num_prefilled_on_decode`).
+A request preempted on D later recomputes there (the prefill's KV is gone). So does one whose
+leg was preempted on P while its last chunk was in flight (asynchronous scheduling): vLLM
+still gives the leg its token, but its blocks are freed, so D prefills the whole prompt (no
+transfer is recorded; it counts in `num_prefilled_on_decode`).
 
 The request object the client sees lives on D; the prefill leg is a second `Request` with
 the same id that exists only on P. The engine's records follow the client; the leg's
@@ -64,8 +70,8 @@ if TYPE_CHECKING:
 Simulation = Any  # the composition root that builds this (importing it would be a cycle)
 
 # A handoff's states: the leg runs on P; P holds its KV and the request is about to join D's
-# queue; it waits there; the KV moves; D needed nothing and P is told.
-PREFILLING, HANDING, AWAITING, TRANSFERRING, RELEASING = 0, 1, 2, 3, 4
+# queue; it waits there; the KV moves.
+PREFILLING, HANDING, AWAITING, TRANSFERRING = 0, 1, 2, 3
 
 
 def check_disaggregated_pools(pools: list[Any], cost_models: dict[str, Any], where: str = "") -> None:
@@ -239,17 +245,9 @@ class Disaggregation:
         h = self.handoffs.get(request.request_id)
         if h is None or h.state != AWAITING:
             return 0
-        missing = request.input_tokens // self.block_size - local_hit_blocks
-        if missing > 0:
-            return missing
-        # D caches every whole prompt block already: nothing to read, P may free its copy
-        h.state = RELEASING
-        now = self.env.now
-        self.records.kv_transfer_start_at[request.request_id] = now
-        self.records.kv_transfer_s[request.request_id] = 0.0
-        self.records.kv_transfer_bytes[request.request_id] = 0
-        schedule_at(self.env, now, ARRIVAL, lambda _e: self._finish(h))
-        return 0
+        # every prompt block past D's hit, the partial last one too (at least one: the hit
+        # stops short of the prompt's last token)
+        return -(-request.input_tokens // self.block_size) - local_hit_blocks
 
     def start_transfer(self, request: Request, num_blocks: int) -> None:
         h = self.handoffs[request.request_id]
@@ -284,12 +282,11 @@ class Disaggregation:
         schedule_at(self.env, self.env.now, ARRIVAL, lambda _e: self._received(transfer.tag))
 
     def _received(self, h: Handoff) -> None:
+        """The last byte landed: D's worker has the blocks and P's has the read notification;
+        each instance applies its side at its next connector poll."""
         self.records.kv_transfer_s[h.client.request_id] = self.env.now - h.started_at
-        self.sim.instances[h.decode_id].external_ready(h.client)  # type: ignore[index]
-        self._finish(h)
-
-    def _finish(self, h: Handoff) -> None:
         del self.handoffs[h.client.request_id]
+        self.sim.instances[h.decode_id].external_ready(h.client)  # type: ignore[index]
         self.sim.instances[h.prefill_id].release_held(h.leg)
 
 
@@ -329,6 +326,9 @@ class _PrefillSide:
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         raise AssertionError("a prefill instance loads no KV")
 
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        pass
+
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         # vLLM NixlConnector `request_finished`: `delay_free_blocks = len(block_ids) > 0`.
         # A leg preempted while its last chunk was in flight (asynchronous scheduling) still
@@ -352,6 +352,9 @@ class _DecodeSide:
 
     def start_load(self, scheduler: InstanceScheduler, request: Request, first_block: int, num_blocks: int) -> None:
         self.disagg.start_transfer(request, num_blocks)
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        pass
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         return False

@@ -34,15 +34,37 @@ N+2. So:
   engine was idle.
 
 Fast-forward stays exact: a run's steps are planned at their own due times (step M at
-the end of M-2), so an arrival truncates the run after the steps planned by then. A KV
-connector's landed load or released hold (`external_ready`, `release_held`) is seen, as an
-arrival is, by the first step planned after it.
+the end of M-2), so an arrival truncates the run after the steps planned by then.
+
+KV connector completions (`external_ready`: a load landed; `release_held`: the reader of a
+held request's blocks is done) reach the scheduler when vLLM learns of them, not when the
+bytes land. The worker polls its connector once per step, right after launching the step's
+forward (`KVConnectorModelRunnerMixin._get_kv_connector_output`: `start_load_kv`, the
+forward, then `get_finished` / `get_transfer_results`), and the step's output carries what
+the poll found (`KVConnectorOutput.finished_recving` / `finished_sending`); the scheduler
+applies it when it processes that output (`Scheduler.update_from_output` ->
+`_update_from_kv_xfer_finished`: a finished receive is admitted by the next `schedule()`,
+`_update_waiting_for_remote_kv`; a finished send frees the blocks, `_free_blocks`). Here the
+poll of a step is at its planning time, so a completion at t is applied at the end of the
+first step planned at or after t, right before the plan made there: a load that lands
+while step N runs is admitted in step N+2 (synchronous) or N+4 (asynchronous: N+1 was
+planned when N-1 ended, so the first poll after t is N+2's, and the plan made when N+2
+ends is N+4's) instead of N+1 / N+2, one / two steps later. An engine with nothing to run
+but requests waiting (for their KV, or for blocks a held request keeps) runs empty steps
+that poll at once (`EngineCore.step`: `kv_connector_no_forward` for an empty schedule), so
+it applies a completion the instant it lands; an engine with no request at all does not
+step (`SchedulerInterface.has_requests`) and a finished send waits for its next step.
+Fast-forward stays exact: a completion only ever truncates a run so that the step that
+polls it ends the run (sync) or is the step whose end plans the next run (async), and the
+step ends apply completions by landing time alone, never by event order.
+`kv_connector_poll: instant` applies each completion at its landing instead (lmsim before
+issue 34, and Dynamo's mocker, which activates a transfer when it lands).
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from itertools import accumulate, repeat
@@ -60,6 +82,8 @@ StepListener = Callable[["Instance", StepPlan, StepOutcome, float], None]
 RejectListener = Callable[[Request], None]
 KVEventSink = Callable[[int, int, bool, float], None]  # (instance_id, hash, stored, published at)
 HostTime = Callable[[int, int], float]  # (sequences, tokens) -> host seconds of a step
+# What a connector completion does once the scheduler learns of it (see the module docstring)
+LOADED, SENT = 0, 1
 
 
 def materialize_all(instances: list[Instance], now: float) -> None:
@@ -126,6 +150,7 @@ class Instance:
         *,
         async_scheduling: bool = False,
         host_time: HostTime | None = None,
+        connector_poll: bool = True,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -152,6 +177,14 @@ class Instance:
         # events of the step being planned, whose timing is not known yet.
         self.kv_sink: KVEventSink | None = None
         self._receiving = False  # a connector's load is becoming cache entries
+        # Connector completions not applied yet, (landed at, kind, request) in landing order;
+        # with `connector_poll` off they are applied as they land.
+        self.connector_poll = connector_poll
+        self.landed: list[tuple[float, int, Request]] = []
+        self._empty_poll = -INF  # async: an empty plan's poll, applied when the step in flight ends
+        self._idle_poll = False  # a wake-up that polls (nothing in flight, requests waiting)
+        # told when a plan is made, with when its KV events are published (lower KV tiers)
+        self.on_planned: Callable[[float], None] | None = None
         self._kv_unstamped: list[tuple[int, bool]] = []
         # Every gap between consecutive output tokens of a request, as (gap, how many
         # requests had it): a step's decodes each wait one step (end to end); a decode
@@ -175,20 +208,77 @@ class Instance:
         self._reconsider()
 
     def external_ready(self, request: Request) -> None:
-        """A connector's load for `request` has landed (lmsim.engine.connector). Its blocks
-        become cache entries now, between steps; their KV events are published with the next
-        step (see `on_kv_event`)."""
-        self.materialize()
-        self._receiving = True
-        self.scheduler.finish_load(request)
-        self._receiving = False
-        self._reconsider()
+        """A connector's load for `request` has landed now (lmsim.engine.connector). Its
+        blocks become cache entries when the scheduler learns of it (module docstring),
+        between steps; their KV events are published with the next step (see
+        `on_kv_event`)."""
+        self._connector_done(LOADED, request)
 
     def release_held(self, request: Request) -> None:
-        """A connector is done reading a finished request's blocks: free them."""
+        """A connector is done reading a finished request's blocks now: free them when the
+        scheduler learns of it."""
+        self._connector_done(SENT, request)
+
+    def _connector_done(self, kind: int, request: Request) -> None:
         self.materialize()
-        self.scheduler.release_held(request)
-        self._reconsider()
+        if not self.connector_poll:
+            self._apply_completion(kind, request)
+            self._reconsider()
+            return
+        self.landed.append((self.env.now, kind, request))
+        if self._inflight:
+            self._end_run_at_first_apply()  # or, if no step in flight polls it, the next plan's
+        elif self._polls_when_idle():
+            self._wake_to_poll()
+
+    def _polls_when_idle(self) -> bool:
+        """vLLM's engine steps (empty steps poll the connector) while it has requests: some
+        running or waiting, or waiting for their KV."""
+        scheduler = self.scheduler
+        return not scheduler.is_idle or bool(scheduler.loading)
+
+    def _wake_to_poll(self) -> None:
+        self._idle_poll = True
+        if not self._wake_pending:
+            self._wake_pending = True
+            schedule_at(self.env, self.env.now, WAKE, self._wake)
+
+    def _end_run_at_first_apply(self) -> None:
+        """The earliest landed completion is applied at the end of the first step in flight
+        planned at or after its landing; no step of the run may be planned at or after that
+        (stepping, it would be planned after the completion is applied). So the run ends
+        there (synchronous) or its second-to-last step does, whose end plans the next run
+        (asynchronous), and that end is an event that applies it."""
+        first_landing = self.landed[0][0]
+        for planned in self._inflight:
+            k = planned.plan.num_steps
+            j = bisect_left(planned.starts, first_landing, 0, k)
+            if j < k:
+                applied_at = planned.end(j)
+                newest = self._inflight[-1]
+                self._truncate_to(bisect_left(newest.starts, applied_at, 0, newest.plan.num_steps))
+                return
+
+    def _apply_polled(self, horizon: float) -> None:
+        """Apply the completions a poll at `horizon` (or earlier) has seen, in landing order
+        (at equal times loads first, then by request id: never the order events happened to
+        fire in)."""
+        landed = self.landed
+        n = bisect_right(landed, horizon, key=_landed_at)
+        if not n:
+            return
+        seen = sorted(landed[:n], key=_completion_order)
+        del landed[:n]
+        for _at, kind, request in seen:
+            self._apply_completion(kind, request)
+
+    def _apply_completion(self, kind: int, request: Request) -> None:
+        if kind == LOADED:
+            self._receiving = True
+            self.scheduler.finish_load(request)
+            self._receiving = False
+        else:
+            self.scheduler.release_held(request)
 
     def _reconsider(self) -> None:
         """The waiting queue or the free pool changed: plan at the next step boundary, as
@@ -291,7 +381,10 @@ class Instance:
 
     def _wake(self, _event: simpy.Event) -> None:
         self._wake_pending = False
+        poll, self._idle_poll = self._idle_poll, False
         if not self._inflight:
+            if poll:
+                self._apply_polled(self.env.now)
             self._fill()
 
     def _fill(self) -> None:
@@ -325,6 +418,15 @@ class Instance:
             events, self._kv_unstamped = self._kv_unstamped, []
             for block_hash, stored in events:
                 self.kv_sink(self.instance_id, block_hash, stored, now)  # type: ignore[misc]
+            if self.on_planned is not None:
+                self.on_planned(now)
+            if self.landed:
+                # vLLM runs the empty step anyway and its poll sees what has landed: applied
+                # at once, or when the step in flight ends (its output is processed first)
+                if self._inflight:
+                    self._empty_poll = now
+                elif self._polls_when_idle():
+                    self._wake_to_poll()
             return False
         if self.async_scheduling:
             planned = self._time_async(plan, now)
@@ -340,10 +442,14 @@ class Instance:
             planned.event = schedule_at(self.env, times[-1], STEP_END, self._step_end)
             self.next_boundary = times[1] if plan.num_steps > 1 else INF
             self._inflight.append(planned)
+        if self.landed:  # polled by a step in flight or by this plan's first step
+            self._end_run_at_first_apply()
         if plan.late or plan.chunks:
             self._note_long_gaps(planned)
         if self._kv_unstamped:
             self._publish_planned_events(planned)
+        if self.on_planned is not None:
+            self.on_planned(planned.published_at(0))
         return True
 
     def _note_long_gaps(self, planned: _Planned) -> None:
@@ -475,14 +581,21 @@ class Instance:
             return  # superseded by a truncation
         self._due_event = None
         self.materialize()
+        if self.landed:  # the run's second-to-last step ends now and reports its poll
+            newest = self._inflight[-1]
+            self._apply_polled(newest.starts[newest.plan.num_steps - 2])
         self._fill()
 
     def _truncate_after_planned_steps(self) -> None:
         """An arrival wants the next step that is not planned yet: keep the steps of the run
         whose planning time has come and drop the rest."""
         newest = self._inflight[-1]
+        self._truncate_to(bisect_right(newest.starts, self.env.now, 0, newest.plan.num_steps))
+
+    def _truncate_to(self, kept: int) -> None:
+        """Keep the first `kept` steps of the newest run (at least those planned by now)."""
+        newest = self._inflight[-1]
         plan = newest.plan
-        kept = bisect_right(newest.starts, self.env.now, 0, plan.num_steps)
         if kept >= plan.num_steps:
             return
         plan.num_steps = kept
@@ -517,6 +630,8 @@ class Instance:
             self.busy_time_s += now - oldest.starts[0]
             self.next_boundary = INF
             self._on_step_end(self, plan, outcome, now)
+            if self.landed:
+                self._apply_polled(oldest.starts[plan.num_steps - 1])
             self._start_step()
             return
         # the GPU's share: the host part overlapped the step before
@@ -527,4 +642,16 @@ class Instance:
         else:
             self.next_boundary = INF
         self._on_step_end(self, plan, outcome, now)
+        if self.landed:
+            polled = oldest.starts[plan.num_steps - 1]
+            self._apply_polled(polled if polled > self._empty_poll else self._empty_poll)
+        self._empty_poll = -INF
         self._fill()
+
+
+def _landed_at(completion: tuple[float, int, Request]) -> float:
+    return completion[0]
+
+
+def _completion_order(completion: tuple[float, int, Request]) -> tuple[float, int, int]:
+    return completion[0], completion[1], completion[2].request_id

@@ -145,8 +145,8 @@ def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float 
 
     A request handed over from a prefill instance: its prefill there (after the prefill
     instance's hit and what its lower tiers loaded), the transfer at full bandwidth after its
-    latency, then the decode instance's step computing what a transfer never brings (the
-    partial last block, at least the last token). Otherwise: the prefill here after the hit
+    latency, then the decode instance's step computing the last token (a transfer brings every
+    other prompt token, the partial last block too). Otherwise: the prefill here after the hit
     and whatever a connector loaded. Tokens brought in are at most all but the last one,
     which is always computed (scheduler `_loaded_tokens`)."""
     s = instance.scheduler
@@ -165,8 +165,7 @@ def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float 
         if nbytes > 0:
             link = sim.config.cluster.transfer
             floor += link.latency_s + nbytes / link.bandwidth_bytes_s
-        rest = request.input_tokens - min((request.input_tokens // bs) * bs, request.input_tokens - 1)
-        return floor + least_prefill_time(sim, rest, request.input_tokens - rest, instance.pool)
+        return floor + least_prefill_time(sim, 1, request.input_tokens - 1, instance.pool)
     if not isinstance(sim.pool_cost_models[instance.pool.name], LinearCostModel):
         return None
     # tokens a connector loaded were not computed here
@@ -253,8 +252,12 @@ def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: 
     handoffs = sim.disagg.handoffs
     for inst in sim.instances:
         s = inst.scheduler
+        # completions that have landed and wait for the instance's next connector poll
+        landed = {id(request) for _at, _kind, request in inst.landed}
         if inst.pool.role == "prefill":
             for leg in s.held:
+                if id(leg) in landed:
+                    continue
                 h = handoffs.get(leg.request_id)
                 if h is None or h.leg is not leg or h.prefill_id != inst.instance_id or h.state == PREFILLING:
                     _fail(f"prefill instance {inst.instance_id} holds request {leg.request_id}'s KV for no handoff", instance, step, now)
@@ -262,6 +265,8 @@ def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: 
         for request in s.loading:
             if tier is not None and request.request_id in tier.loading_ids:
                 continue  # a load from the instance's own host memory or disk
+            if id(request) in landed:
+                continue  # landed, not yet polled
             h = handoffs.get(request.request_id)
             if h is None or h.state != TRANSFERRING or h.decode_id != inst.instance_id:
                 _fail(f"instance {inst.instance_id} loads request {request.request_id}'s KV outside a transfer", instance, step, now)
@@ -338,15 +343,17 @@ def check_end(sim: Simulation) -> None:
         _fail(f"at the end {len(sim.disagg.handoffs)} handoffs never completed", None, last, sim.env.now)
     for instance in sim.instances:
         s = instance.scheduler
-        # a run cut short (drain limit, stop time) may leave transfers in flight
-        if sim.live == 0 and (s.loading or s.held):
+        # a run cut short (drain limit, stop time) may leave transfers in flight; an instance
+        # with no request left polls no more, so a finished send may wait for its next step
+        unpolled = sum(1 for _at, _kind, request in instance.landed if request in s.held)
+        if sim.live == 0 and (s.loading or len(s.held) > unpolled):
             _fail(
                 f"at the end {len(s.loading)} loads are in flight and {len(s.held)} finished requests hold blocks",
                 instance,
                 s.steps_done,
                 sim.env.now,
             )
-        if s.is_idle and not (s.loading or s.held) and s.cache.num_free_blocks != s.cache.num_total_blocks:
+        if s.is_idle and not (s.loading or s.held or instance.landed) and s.cache.num_free_blocks != s.cache.num_total_blocks:
             _fail(
                 f"idle at the end with {s.cache.num_total_blocks - s.cache.num_free_blocks} blocks still in use",
                 instance,

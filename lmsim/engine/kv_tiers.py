@@ -7,15 +7,25 @@ What the engines do, and what this models (each source named where it is used):
 * **Tiers.** Host memory (vLLM `OffloadingConnector`'s CPU tier, LMCache `local_cpu`, SGLang
   HiCache's host pool, Dynamo KVBM G2) and optionally a local disk below it (LMCache
   `local_disk`, KVBM G3). Each tier holds block hashes in LRU order with a capacity in blocks
-  (`capacity_gb` / (block_size x the profile's `kv_bytes_per_token`)); a hit touches its
-  blocks, a full tier evicts its least recently used (vLLM `LRUOffloadingManager`, the
-  mocker's `HostTier` / `G3Tier` LRUs). A tier of capacity 0 is no tier.
+  (`capacity_gb` / (block_size x the profile's `kv_bytes_per_token`)), a full tier evicting
+  its least recently used (vLLM `LRUOffloadingManager`, the mocker's `HostTier` / `G3Tier`
+  LRUs). Host memory keeps recency as vLLM's OffloadingConnector does: every lookup
+  refreshes all of the request's blocks there, the ones the GPU hits too
+  (`get_num_new_matched_tokens` touches the request's offload keys, first block most
+  recent), so a prefix that always hits on the GPU does not age out below it; a store
+  reserves its room when it starts (`prepare_store`: the new blocks take their places,
+  unreadable until the copy lands, and only ready blocks no load is reading can be
+  evicted) and is skipped whole when that room cannot be found, never cut. A tier of
+  capacity 0 is no tier.
 * **Stores.** `write_through` (default): every block the GPU cache registers is copied to
   host memory as it is computed, once per step (vLLM `_get_reqs_to_store` after each forward;
   LMCache per chunk after the forward; KVBM "a write-through cache"; the mocker's per-pass
   cohorts, `VllmHostOffloadAdapter::observe_completed_blocks`), skipping blocks host memory
-  already has or is already receiving; a block enters host memory when its copy completes,
-  and that completion writes it on to disk (the mocker's G2 -> G3 on store completion, KVBM
+  already has or is already receiving, the step's blocks as one store (vLLM prepares one
+  per request; lmsim's GPU events do not name their request); with `store_scope: all` a
+  request's GPU-hit blocks that host memory has lost are stored again with its first step
+  (vLLM's `_get_reqs_to_store` starts at the request's first block). A block becomes
+  readable in host memory when its copy completes, and that completion writes it on to disk (the mocker's G2 -> G3 on store completion, KVBM
   "G2->G3 triggered on registered host blocks"). `on_eviction`: a block is copied only when
   the GPU evicts it (SGLang `write_back`). `store_scope: prompt` stores only prompt blocks
   (LMCache `save_decode_cache: False`; the mocker offloads prompt blocks only); `all` stores
@@ -27,8 +37,9 @@ What the engines do, and what this models (each source named where it is used):
   recomputes the last one). Host blocks cost one host-to-GPU copy; disk blocks are first
   read into host memory (promoted there, as the mocker's `VllmG3OffloadAdapter::stage`),
   then everything crosses to the GPU in one copy. `before_admission` (default): the request
-  waits with its GPU blocks allocated while the others run and is admitted when the bytes
-  land (vLLM `WAITING_FOR_REMOTE_KVS`; the mocker delays admission by the load time);
+  waits with its GPU blocks allocated while the others run and is admitted once the bytes
+  have landed and the instance's connector poll has seen them (vLLM `WAITING_FOR_REMOTE_KVS`
+  and `get_finished`, lmsim.engine.instance; the mocker delays admission by the load time);
   `in_step`: the load time is added to the step that admits it (LMCache's synchronous
   `start_load_kv` before the forward).
 * **Copies** cross per-instance channels (lmsim.engine.links): a GPU-to-host lane and a
@@ -38,16 +49,17 @@ What the engines do, and what this models (each source named where it is used):
 
 Defaults and why. write-through is what vLLM's OffloadingConnector, LMCache, SGLang's default
 `write_through`, KVBM and the mocker all do; only SGLang's `write_back` waits for eviction.
-Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml, refitted cost model
-of issue 23; first-admission host hit ratio, write-through / on-eviction): 0.019 / 0.078 with
-25 GB of host memory per instance (0.9x the GPU's KV), 0.110 / 0.118 with 50 GB, 0.116 / 0.116
-with 100 GB and more (mean TTFT 15.3 / 15.5 s, one seed; write-through copies 38% more). A tier
-up to about twice the GPU's KV is better used exclusively (on eviction it holds only what the
-GPU lost, write-through fills it with copies of what the GPU still has); a larger one holds
-what is reused either way. (Before the refit write-through won from 3.6x up, 0.131 / 0.111:
-a block is below as soon as it is computed, not a copy-time after the GPU drops it.) The tiers
-deployments use, hundreds of GB per instance, are in the tie regime, so the measurement
-favours neither there and write-through is the default because the engines do it. `before_admission` is
+Both measured on Coder under LMetric (experiments/beyond/tiers_store.yaml, after issue 34's
+vLLM host recency; first-admission host hit ratio, write-through / on-eviction): 0.008 /
+0.078 with 25 GB of host memory per instance (0.9x the GPU's KV, mean TTFT 18.43 / 16.39 s),
+0.102 / 0.116 with 50 GB (15.78 / 15.82 s), 0.137 / 0.118 with 100 GB and more (14.34 /
+15.85 s; one seed; write-through copies 24% more). A tier up to about twice the GPU's KV is
+better used exclusively (on eviction it holds only what the GPU lost; write-through fills it
+with copies of what the GPU still has, and the refresh at every lookup keeps the GPU's hot
+prefixes there: before that refresh write-through measured 0.0195 and 0.114 at 25 and 50
+GB); a larger one favours write-through, every block being below as soon as it is computed.
+The tiers deployments use, hundreds of GB per instance, are in that regime, so the
+measurement agrees with what the engines do. `before_admission` is
 vLLM's and the mocker's; LMCache's synchronous load stalls the batch.
 Default bandwidths (`TIER_DEFAULTS`): host 32e9 B/s each way, no first-byte latency (the
 mocker's `native_host_offload` defaults, PCIe Gen4 x16 peak); disk 10e9 B/s and 0.1 ms (its
@@ -67,7 +79,9 @@ Loads start at admission, on the clock (`links.TransferNetwork`), and end with
 
 Not modelled: the mocker's fence (a GPU block being copied out cannot be reused until the
 copy completes) and SGLang write_back's wait for the copy before freeing a block: copies never
-delay the GPU. Blocks being loaded stay readable even if their tier evicts them meanwhile.
+delay the GPU. A skipped store is not retried at the next step as vLLM's is (its blocks come
+back only when a later request hits them on the GPU). Disk blocks being read stay readable
+even if the disk tier evicts them meanwhile.
 """
 
 from __future__ import annotations
@@ -139,41 +153,99 @@ def kv_bytes_per_token(tiers: KVTiersConfig, cost_model: Any, where: str) -> int
 
 class BlockStore:
     """One tier's blocks: hashes in LRU order (least recently used first), at most
-    `capacity` of them."""
+    `capacity` of them, each ready, being stored (a copy on its way: it holds its place and
+    cannot be read or evicted) or being read by loads (it cannot be evicted). vLLM's
+    `LRUOffloadingManager` (vllm/v1/kv_offload/lru_manager.py): `ref_cnt` -1 while stored,
+    > 0 while loaded, evictable at 0."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._blocks: OrderedDict[int, int] = OrderedDict()  # hash -> -1 storing, 0 ready, n readers
         self.num_evictions = 0
+        self.num_skipped = 0  # blocks whose store found no room (prepare_store)
 
     def __contains__(self, block_hash: int) -> bool:
+        """Here or being stored here (a store of it would be filtered out)."""
         return block_hash in self._blocks
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def leading(self, hashes: Sequence[int], start: int, stop: int) -> int:
-        """How many of hashes[start:stop] are here, consecutively from `start`."""
-        return len(list(takewhile(self._blocks.__contains__, islice(hashes, start, stop))))
+        """How many of hashes[start:stop] are here and ready, consecutively from `start`
+        (`LRUOffloadingManager.lookup`)."""
+        get = self._blocks.get
+        return sum(1 for _ in takewhile(lambda h: get(h, -1) >= 0, islice(hashes, start, stop)))
 
     def touch(self, hashes: Iterable[int]) -> None:
-        move = self._blocks.move_to_end
-        for h in hashes:
-            if h in self._blocks:
+        """Most recent, the first of `hashes` most of all (`LRUOffloadingManager.touch`
+        walks them backwards, so a prefix outlives its tail)."""
+        blocks = self._blocks
+        move = blocks.move_to_end
+        for h in reversed(list(hashes)):
+            if h in blocks:
                 move(h)
 
+    def pin(self, hashes: Iterable[int]) -> None:
+        """A load reads these ready blocks (`prepare_load`): they cannot be evicted."""
+        blocks = self._blocks
+        for h in hashes:
+            blocks[h] += 1
+
+    def unpin(self, hashes: Iterable[int]) -> None:
+        """The load is done (`complete_load`)."""
+        blocks = self._blocks
+        for h in hashes:
+            if h in blocks:
+                blocks[h] -= 1
+
+    def prepare_store(self, hashes: Sequence[int]) -> tuple[list[int], list[int]] | None:
+        """Room for the hashes not here yet, as vLLM's `prepare_store`: evict least recent
+        evictable blocks, or store nothing if too few are evictable (None); the new blocks
+        take their places as most recent, being stored. Returns (to store, evicted)."""
+        blocks = self._blocks
+        fresh = [h for h in dict.fromkeys(hashes) if h not in blocks]
+        excess = len(blocks) + len(fresh) - self.capacity
+        evicted: list[int] = []
+        if excess > 0:
+            for h, refs in blocks.items():
+                if refs == 0:
+                    evicted.append(h)
+                    if len(evicted) == excess:
+                        break
+            else:
+                self.num_skipped += len(fresh)
+                return None
+            for h in evicted:
+                del blocks[h]
+            self.num_evictions += len(evicted)
+        for h in fresh:
+            blocks[h] = -1
+        return fresh, evicted
+
+    def complete_store(self, hashes: Iterable[int]) -> None:
+        blocks = self._blocks
+        for h in hashes:
+            if blocks.get(h) == -1:
+                blocks[h] = 0
+
     def insert(self, hashes: Iterable[int]) -> list[int]:
-        """Add (or refresh) `hashes` as most recent; returns the hashes evicted to make room,
-        least recent first."""
+        """Add (or refresh) `hashes` as most recent and ready at once; returns the hashes
+        evicted to make room, least recent first (a disk tier's stores; disk blocks promoted
+        to host memory by a load)."""
         blocks = self._blocks
         for h in hashes:
             if h in blocks:
                 blocks.move_to_end(h)
             else:
-                blocks[h] = None
-        evicted = []
-        while len(blocks) > self.capacity:
-            evicted.append(blocks.popitem(last=False)[0])
+                blocks[h] = 0
+        excess = len(blocks) - self.capacity
+        if excess <= 0:
+            return []
+        # least recent first; a block being stored or read stays
+        evicted = list(islice((h for h, refs in blocks.items() if refs == 0), excess))
+        for h in evicted:
+            del blocks[h]
         self.num_evictions += len(evicted)
         return evicted
 
@@ -227,8 +299,13 @@ class TieredKV:
         # GPU events not yet applied: (stamp, hash, stored, a generated block under
         # store_scope prompt), in arrival (= stamp) order
         self._incoming: deque[tuple[float, int, bool, bool]] = deque()
-        self._to_host: set[int] = set()  # copies to host memory in flight
-        self._to_disk: set[int] = set()
+        self._to_disk: set[int] = set()  # copies to disk in flight
+        # write_through: GPU-hit blocks of requests admitted in the plan being made that host
+        # memory has lost, stored again with that plan's step (vLLM stores a request's blocks
+        # from its first one, `_get_reqs_to_store`; `prepare_store` skips those it has)
+        # (vLLM's store, so with store_scope all; the mocker and LMCache store what they compute)
+        self.restores = self.write_through and not self.prompt_only
+        self._restore: list[int] = []
         self._time = 0.0  # the tiers' state is as of this time
         # store_scope prompt: the generated-block hashes of requests on this instance (a
         # registration of one is an output block), and with on_eviction those now on the GPU
@@ -284,7 +361,7 @@ class TieredKV:
         """The GPU events stamped t: the blocks to copy to host memory, one copy for them."""
         incoming = self._incoming
         batch: list[int] = []
-        host, pending = self.host, self._to_host
+        host = self.host
         while incoming and incoming[0][0] == t:
             _, h, stored, output = incoming.popleft()
             if stored:
@@ -300,16 +377,27 @@ class TieredKV:
                 if h in self._gpu_outputs:
                     self._gpu_outputs.discard(h)
                     continue
-            if h in host or h in pending:
+            if h in host:  # here or being stored here
                 continue
-            pending.add(h)
             batch.append(h)
-        if batch:
-            self.d2h.submit(t, len(batch) * self.block_bytes, batch)
+        if not batch:
+            return
+        # one store for the step's blocks, all or none (vLLM `prepare_store` per request:
+        # lmsim's GPU events do not name their request)
+        prepared = host.prepare_store(batch)
+        if prepared is None:
+            return
+        fresh, evicted = prepared
+        if evicted and self.publish is not None:
+            for h in evicted:
+                self.publish(self.instance_id, h, False, t, MEDIUM["host"])
+        self.d2h.submit(t, len(fresh) * self.block_bytes, fresh)
 
     def _host_store_done(self, batch: list[int], at: float) -> None:
-        self._to_host.difference_update(batch)
-        self._insert(self.host, "host", batch, at)
+        self.host.complete_store(batch)
+        if self.publish is not None:
+            for h in batch:
+                self.publish(self.instance_id, h, True, at, MEDIUM["host"])
         if self.disk is not None:
             assert self.disk_write is not None
             fresh = [h for h in batch if h not in self.disk and h not in self._to_disk]
@@ -366,6 +454,10 @@ class TieredKV:
         if scheduler.enable_prefix_caching:
             stop = min(len(request.kv_hashes), request.num_tokens_target // self.block_size)
             host, disk = self.split(request.kv_hashes, local_hit_blocks, stop)
+            # every lookup refreshes all of the request's blocks in host memory, the GPU hit's
+            # too (OffloadingConnectorScheduler.get_num_new_matched_tokens touches the
+            # request's offload keys): a prefix hot on the GPU does not age out below it
+            self.host.touch(islice(request.kv_hashes, 0, stop))
         if request.first_scheduled_at is None:  # the lookup that admits it stays
             request.kv_hit_tokens_host = host * self.block_size
             request.kv_hit_tokens_disk = disk * self.block_size
@@ -378,7 +470,7 @@ class TieredKV:
         _, _, host, disk = lookup
         assert host + disk == num_blocks
         hashes = request.kv_hashes
-        self.host.touch(islice(hashes, first_block, first_block + host))
+        loaded_host = list(islice(hashes, first_block, first_block + host))
         if self.disk is not None:
             self.disk.touch(islice(hashes, first_block + host, first_block + num_blocks))
         bs, bb = self.block_size, self.block_bytes
@@ -395,6 +487,7 @@ class TieredKV:
             return
         started = self.env.now
         self.loading_ids.add(request.request_id)
+        self.host.pin(loaded_host)  # read by this load: not evicted meanwhile (prepare_load)
 
         def landed(transfer: Transfer) -> None:
             # Like a P/D transfer's landing (disagg `_landed`): after every step that ends
@@ -405,6 +498,8 @@ class TieredKV:
             self._load_intervals["h2d"].append((transfer.started_at, transfer.finished_at))
             request.kv_load_s += self.env.now - started
             self.loading_ids.discard(request.request_id)
+            self.catch_up(self.env.now)
+            self.host.unpin(loaded_host)
             self.instance.external_ready(request)
 
         def to_gpu() -> None:
@@ -447,7 +542,20 @@ class TieredKV:
         """Disk blocks read for a load enter host memory on the way to the GPU."""
         if hashes:
             self.catch_up(self.env.now)
-            self._insert(self.host, "host", [h for h in hashes if h not in self._to_host], self.env.now)
+            self._insert(self.host, "host", [h for h in hashes if h not in self.host], self.env.now)
+
+    def admitted(self, scheduler: InstanceScheduler, request: Request, hit_blocks: int) -> None:
+        if self.restores and hit_blocks:
+            self.catch_up(self.env.now)
+            host = self.host
+            self._restore.extend(h for h in islice(request.kv_hashes, 0, hit_blocks) if h not in host)
+
+    def planned(self, published_at: float) -> None:
+        """The instance planned a step whose KV events are published at `published_at`:
+        the GPU-hit blocks to store again go with them."""
+        restore, self._restore = self._restore, []
+        for h in restore:
+            self._incoming.append((published_at, h, True, False))
 
     def hold_on_finish(self, scheduler: InstanceScheduler, request: Request) -> bool:
         outputs = self._outputs_of.pop(request.request_id, None)
@@ -473,6 +581,7 @@ class TieredKV:
             "d2h_busy_s": self.d2h.busy_s,
             "num_loads": self.num_loads,
             "host_evictions": self.host.num_evictions,
+            "host_skipped": self.host.num_skipped,
         }
         if self.disk is not None:
             assert self.disk_write is not None
@@ -512,6 +621,8 @@ def build_kv_tiers(sim: Any) -> dict[int, TieredKV]:
             instance = sim.instances[i]
             tier = TieredKV(instance, cfg, host, disk, block_bytes)
             attach_connector(instance.scheduler, tier)
+            if tier.restores:
+                instance.on_planned = tier.planned
             tiers[i] = tier
     if tiers:
         def route(instance_id: int, block_hash: int, stored: bool, at: float) -> None:

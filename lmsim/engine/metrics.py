@@ -141,9 +141,10 @@ class Recorder:
 class HandoffRecords:
     """Per request of a disaggregated cluster (columns only such runs have): where its
     prefill ran and how its KV reached the decode instance. A request prefilled on its decode
-    instance (a bypass) keeps them null; one whose decode instance already cached every
-    whole prompt block has a transfer of 0 bytes and 0 s; one whose prefill leg lost its KV
-    to a preemption (lmsim.engine.disagg) has no transfer columns.
+    instance (a bypass) keeps them null, and so does one whose prefill leg lost its KV to a
+    preemption (lmsim.engine.disagg: no transfer). A decode instance otherwise always reads at
+    least one block (vLLM's hit stops short of the prompt's last token), so every transfer
+    moves bytes.
 
     * `prefill_instance_id`: the prefill instance; `instance_id` is the decode instance;
     * `prefill_done_at`: when the prefill instance computed the prompt (its own first token,

@@ -232,8 +232,7 @@ def summarize(
 
 
 def handoff_summary(requests: pd.DataFrame, status: np.ndarray, num_local_prefills: int) -> dict[str, Any]:
-    """A disaggregated run's KV transfers, over finished requests that had one (a request
-    whose decode instance held the whole prompt counts with 0 bytes and 0 s)."""
+    """A disaggregated run's KV transfers, over finished requests that had one."""
     done = status == FINISHED
     seconds = requests["kv_transfer_s"].to_numpy(dtype=float)[done]
     moved = requests["kv_transfer_bytes"].to_numpy(dtype=float, na_value=np.nan)[done]

@@ -730,6 +730,8 @@ class InstanceScheduler:
             if self.enable_prefix_caching:
                 request.lookup_tokens += request.num_tokens_target
                 request.lookup_hit_tokens += hit_blocks * bs
+            if self.connector is not None:
+                self.connector.admitted(self, request, hit_blocks)
             if external:
                 self._start_load(request, hit_blocks, external)
                 continue  # no tokens scheduled: the budget is untouched
@@ -802,7 +804,8 @@ class InstanceScheduler:
         computed = self._loaded_tokens(request)
         blocks = request.num_cached_blocks + request.kv_external_blocks
         if self.enable_prefix_caching:
-            last = min(blocks, len(request.kv_hashes))
+            # a partial last block read from a prefill instance is cached once it is full
+            last = min(blocks, len(request.kv_hashes), request.num_tokens_target // self.block_size)
             if last > request.num_cached_blocks:
                 self.cache.register_range(request.kv_hashes, request.block_keys, request.num_cached_blocks, last)
                 request.num_cached_blocks = last

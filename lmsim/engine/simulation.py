@@ -148,6 +148,7 @@ class Simulation:
                         self.env, i, scheduler, on_step_end, on_rejected, pool,
                         async_scheduling=engine["async_scheduling"],
                         host_time=cost_model.host_time if engine["async_scheduling"] else None,
+                        connector_poll=config.cluster.kv_connector_poll == "step",
                     )
                 )
         first = self.instances[0].scheduler

@@ -243,6 +243,7 @@ _KEYED_WHEN_CHANGED = {
     "async_scheduling": False,
     "free_queue_order": "release",
     "waive_long_prefill_when_alone": False,
+    "kv_connector_poll": "step",  # issue 34
 }
 
 
