@@ -49,15 +49,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
-BESIDE = Path(__file__).resolve().parents[1].parent
-DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
+from peer_harness import DEFAULT_PEER, DEFAULT_TRACE, cell, peer_available, run_json, trace_missing
+
 PAIRS = (("round_robin", "round_robin"), ("kv_router", "dynamo"))
 SPEED_PROFILE = "h20/qwen3-30b-a3b"
 OUTPUTS_PROFILE = "h100/qwen2-7b"  # step times close to the mocker's default model
@@ -146,27 +142,6 @@ def lmsim_child(a: dict) -> dict:
     }
 
 
-def _run(cmd: list[str]) -> dict:
-    # Dynamo's KV router logs every decision at INFO; logging is not simulation work.
-    env = {**os.environ, "DYN_LOG": "warn", "RUST_LOG": "warn"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": tail[0]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _num(value: float | None, width: int) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:{width}.2f}"
-
-
-def peer_available(python: str) -> bool:
-    if not Path(python).exists():
-        return False
-    probe = subprocess.run([python, "-c", "import dynamo.replay"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=DEFAULT_TRACE)
@@ -197,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lmsim_child:
         print(json.dumps(lmsim_child(json.loads(args.lmsim_child))))
         return 0
-    if not Path(args.trace).is_file():
-        print(f"against_dynamo: --trace {args.trace}: no such file", file=sys.stderr)
+    if trace_missing(args.trace, "against_dynamo"):
         return 2
 
     common = {
@@ -234,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             if have_peer:
                 dyn_runs.append(
-                    _run([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
+                    run_json([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
                 )
             lm_runs.append(
-                _run([args.lmsim_python, __file__, "--lmsim-child", json.dumps({**common, "router": lm_router})])
+                run_json([args.lmsim_python, __file__, "--lmsim-child", json.dumps({**common, "router": lm_router})])
             )
         errors = [r["error"] for r in dyn_runs + lm_runs if "error" in r]
         if errors:
@@ -247,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("wall_s", "cpu_s"):
             lm = min(r[key] for r in lm_runs)
             dyn = min((r[key] for r in dyn_runs), default=None)
-            cells.append(f"{_num(dyn, 9 if key == 'wall_s' else 10)} {lm:9.2f} {_num(dyn and lm / dyn, 6)}")
+            cells.append(f"{cell(dyn, 9 if key == 'wall_s' else 10, '.2f')} {lm:9.2f} {cell(dyn and lm / dyn, 6, '.2f')}")
         setup = min(r["setup_s"] for r in lm_runs)
         print(f"{dyn_router + '/' + lm_router:24} {cells[0]} {cells[1]} {setup:13.2f}")
         detail = {"dynamo": dyn_runs, "lmsim": lm_runs}
@@ -279,14 +253,14 @@ def compare_outputs(
         if dyn_router not in wanted:
             continue
         if have_peer:
-            dyn = _run([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
+            dyn = run_json([args.peer_python, "-c", DYNAMO_CHILD, json.dumps({**common, "router": dyn_router})])
             if "error" in dyn:
                 print(f"{dyn_router}: error: {dyn['error']}")
             else:
                 row(dyn_router, "dynamo mocker", [dyn])
         for on in (True, False):
             runs = [
-                _run([args.lmsim_python, __file__, "--lmsim-child", json.dumps(
+                run_json([args.lmsim_python, __file__, "--lmsim-child", json.dumps(
                     {**common, "router": lm_router, "seed": seed, "cache_generated_blocks": on}
                 )])
                 for seed in seeds

@@ -33,16 +33,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
-BESIDE = Path(__file__).resolve().parents[1].parent
-DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
+from peer_harness import (
+    DEFAULT_PEER,
+    DEFAULT_TRACE,
+    cell,
+    first_rows,
+    peer_available,
+    run_in_peer,
+    trace_missing,
+)
 
 # Runs inside the peer interpreter: writes the summary and per-request records as JSON.
 DYNAMO_CHILD = r"""
@@ -110,14 +113,11 @@ def lmsim_run(a: dict) -> tuple[dict, object]:
 
 
 def dynamo_run(a: dict, python: str) -> dict | None:
-    probe = subprocess.run([python, "-c", "import dynamo.replay"], capture_output=True, check=False) \
-        if Path(python).exists() else None
-    if probe is None or probe.returncode != 0:
+    if not peer_available(python):
         return None
-    env = {**os.environ, "DYN_LOG": "error", "RUST_LOG": "error"}
-    proc = subprocess.run([python, "-c", DYNAMO_CHILD, json.dumps(a)], capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"against_dynamo_disagg: the mocker failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    answer = run_in_peer(python, DYNAMO_CHILD, a)
+    if "error" in answer:
+        raise SystemExit(f"against_dynamo_disagg: the mocker failed: {answer['error']}")
     return json.loads(Path(a["out"]).read_text())
 
 
@@ -154,12 +154,6 @@ def compare(summary: dict, requests, peer: dict) -> list[tuple[str, float | None
     ]
 
 
-def _cell(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:10.0f}" if isinstance(value, int) else f"{value:10.4g}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=DEFAULT_TRACE)
@@ -178,19 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outputs-hit", action="store_true", help="cache generated blocks under names later prompts hit (lmsim's default)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     args = p.parse_args(argv)
-    if not Path(args.trace).is_file():
-        print(f"against_dynamo_disagg: --trace {args.trace}: no such file", file=sys.stderr)
+    if trace_missing(args.trace, "against_dynamo_disagg"):
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(args.trace).resolve()
-        if args.limit is not None:
-            cut = Path(tmp) / "trace.jsonl"
-            with open(trace) as src, open(cut, "w") as dst:
-                for i, line in enumerate(src):
-                    if i >= args.limit:
-                        break
-                    dst.write(line)
-            trace = cut
+        trace = first_rows(args.trace, args.limit, tmp)
         a = {"trace": str(trace), "prefill": args.prefill, "decode": args.decode, "num_blocks": args.num_blocks,
              "block_size": args.block_size, "max_batched": args.max_batched, "max_seqs": args.max_seqs,
              "bandwidth_gb_s": args.bandwidth_gb_s, "bytes_per_token": args.bytes_per_token,
@@ -211,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':32} {'lmsim':>10} {'Dynamo':>10} {'diff':>8}")
     for name, mine, theirs in compare(summary, requests, peer):
         diff = "" if mine is None or theirs is None or not theirs else f"{100 * (mine - theirs) / theirs:+7.1f}%"
-        print(f"{name:32} {_cell(mine):>10} {_cell(theirs):>10} {diff:>8}")
+        print(f"{name:32} {cell(mine):>10} {cell(theirs):>10} {diff:>8}")
     return 0
 
 

@@ -47,19 +47,13 @@ latter includes disk-promoted blocks: lmsim's column is host + disk).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from peer_harness import DEFAULT_PEER, DEFAULT_TRACE, first_rows, run_in_peer, trace_missing
 
-# ../shared and the peer venv sit beside the checkout, as in CI and the project's machines
-BESIDE = Path(__file__).resolve().parents[1].parent
-DEFAULT_TRACE = str(BESIDE / "shared/traces/mooncake/conversation_trace.first40min.jsonl")
-DEFAULT_PEER = os.environ.get("LMSIM_PEER_DYNAMO_PYTHON", str(BESIDE / "venvs/peer-dynamo/bin/python"))
 KV_BYTES_PER_TOKEN = 98_304
 HOST_BYTES_S = 32e9  # the mocker's d2h/h2d_bandwidth_gbps default, GB/s (decimal)
 DISK_BYTES_S, DISK_LATENCY_S = 10e9, 1e-4  # its g3_offload defaults
@@ -170,12 +164,7 @@ def lmsim_side(a: dict) -> dict:
 
 
 def peer_side(python: str, a: dict) -> dict:
-    env = {**os.environ, "DYN_LOG": "error", "RUST_LOG": "error"}
-    proc = subprocess.run([python, "-c", DYNAMO_CHILD, json.dumps(a)], capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": tail[0]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_peer(python, DYNAMO_CHILD, a)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,16 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="runs per side (lmsim seeds 0..N-1)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     args = p.parse_args(argv)
-    if not Path(args.trace).is_file():
-        print(f"tiers_against_dynamo: --trace {args.trace}: no such file", file=sys.stderr)
+    if trace_missing(args.trace, "tiers_against_dynamo"):
         return 2
     with tempfile.TemporaryDirectory(prefix="lmsim-tiers-") as tmp:
-        path = Path(tmp) / "trace.jsonl"
-        with open(args.trace) as src, open(path, "w") as dst:
-            for k, line in enumerate(src):
-                if k >= args.limit:
-                    break
-                dst.write(line)
+        path = first_rows(args.trace, args.limit, tmp)
         common = {"trace": str(path), "workers": args.workers, "gpu_blocks": args.gpu_blocks,
                   "host_blocks": args.host_blocks, "disk_blocks": args.disk_blocks, "kv_bytes": KV_BYTES_PER_TOKEN,
                   "step_model": args.step_model}
