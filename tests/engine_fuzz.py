@@ -268,20 +268,22 @@ def _pd(d: Draft) -> None:
     elif family == "dynamo_disagg":
         params = {"conditional_disagg": r.random() < 0.5}
         if params["conditional_disagg"]:
-            decode_choices = ["at_arrival"]
             if r.random() < 0.5:
                 params.update(eff_isl_threshold=r.choice([16, 64, 2048]),
                               eff_isl_ratio_threshold=r.choice([0.3, 0.7, 1.0]))
     else:
         params = {"non_cached_tokens": r.choice([0, 16, 64, 256])} if r.random() < 0.5 else {}
         decode_choices = ["at_arrival"]
+    if family != "llmd_pd":  # llm-d chooses both instances at arrival, always
+        params["decode_choice"] = r.choice(decode_choices)
     d.router = {"policy": family, "params": params, "view": view}
     d.cluster["kv_transfer"] = {
         "bandwidth_bytes_s": _bandwidth(d), "latency_s": _latency(d),
         "sharing": r.choice(["fair", "fifo", "none"]),
         "tokens": r.choice(["destination_missing", "full_prompt"]),
-        "decode_choice": r.choice(decode_choices),
     }
+    if r.random() < 0.3:  # the old timing: landed KV usable at once, not at the next poll
+        d.cluster["kv_connector_poll"] = "instant"
 
 
 @dimension("tiers")
@@ -291,6 +293,8 @@ def _tiers(d: Draft) -> None:
     d.tiers = True
     d.blocks = (6, 24)
     d.shared_prefixes = d.rng.random() < 0.6
+    if d.rng.random() < 0.3:  # tier loads usable when they land, not at the next poll
+        d.cluster["kv_connector_poll"] = "instant"
     if not d.dyadic and d.rng.random() < 0.5:  # loads that land exactly on step ends
         d.profile = d.cluster["profile"] = "dyadic"
         d.kv_bytes = 2 ** d.rng.randint(12, 20)
