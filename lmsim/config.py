@@ -448,6 +448,15 @@ class RouterConfig(_Strict):
     )
 
 
+class FrontEndConfig(_Strict):
+    """The client-side latency path (lmsim.engine.frontend); absent: none (the default)."""
+
+    request_s: float = Field(0.005, ge=0, description="API server per request: HTTP, validation, hand-off (s)")
+    gateway_s: float = Field(0.0, ge=0, description="an L7 gateway and endpoint-picker hop before the router (s)")
+    tokenize_s_per_token: float = Field(1e-6, ge=0, description="prompt tokenisation, seconds per prompt token")
+    stream_s: float = Field(0.001, ge=0, description="engine token to client: detokenise, SSE, network (s)")
+
+
 class SimulationConfig(_Strict):
     fast_forward: bool = Field(True, description="advance runs of decode-only steps at once")
     check: bool = Field(False, description="assert engine invariants after every step")
@@ -493,6 +502,9 @@ class ExperimentConfig(_Strict):
     cluster: ClusterConfig = ClusterConfig()
     router: RouterConfig = RouterConfig()
     simulation: SimulationConfig = SimulationConfig()
+    frontend: FrontEndConfig | None = Field(
+        None, description="client-side latency (HTTP, gateway, tokeniser, streaming); absent: none"
+    )
     output: OutputConfig = OutputConfig()
     capacity: CapacityConfig = CapacityConfig()
     # A sweep over an empty list would silently run nothing; a scalar is almost always a
@@ -517,6 +529,8 @@ class ExperimentConfig(_Strict):
         for key in _CLUSTER_SECTIONS_OMITTED_WHEN_UNSET:
             if out["cluster"].get(key) is None:
                 out["cluster"].pop(key, None)
+        if out.get("frontend") is None:  # unset: configs read as they did before it existed
+            out.pop("frontend", None)
         return out
 
     @property

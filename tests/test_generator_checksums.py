@@ -17,7 +17,7 @@ from lmsim.workload.generators import GENERATORS, generate
 from lmsim.workload.generators.base import exp, on_time_grid, zipf_weights
 
 COLUMNS = ("arrival_s", "input_tokens", "output_tokens", "hash_offsets", "hash_values",
-           "session_id", "parent_id", "class_id", "after_id", "delay_s")  # fmt: skip
+           "session_id", "parent_id", "class_id", "after_id", "delay_s", "stage", "text_id")  # fmt: skip
 
 
 def trace_checksum(trace) -> str:
@@ -42,6 +42,14 @@ PINNED = {
     "random": ({"num_requests": 400, "input_len": {"distribution": "lognormal", "median": 600, "sigma": 1.0},
                 "output_len": {"distribution": "uniform", "min": 64, "max": 192}, "prefix_len": 100,
                 "rate": 5.0, "burstiness": 0.5}, 3, 400, "08bcbc6350d5f715", 1),
+    "shared_prefix": ({"num_groups": 4, "num_prompts_per_group": 3, "system_prompt_len": 200, "question_len": 40,
+                       "output_len": 20, "stages": [{"rate": 5, "duration": 20}, {"rate": 10, "duration": 10}],
+                       "load_type": "poisson"}, 3, 200, "692b993c0f182c14", 1),
+    "generated_shared_prefix": ({"num_groups": 8, "prompts_per_group": 4, "system_prompt_len": 300, "question_len": 50,
+                                 "rate": 4.0}, 3, 32, "503969f67b468f70", 1),
+    "prefix_repetition": ({"num_requests": 400, "num_prefixes": 8, "prefix_len": 200, "suffix_len": 50, "rate": 5.0},
+                          3, 400, "0170b66834dfee06", 1),
+    "llm_router_sessions": ({"sessions": 6, "turns": 4}, 3, 24, "6fafa99ecb3fb537", 1),
 }
 
 

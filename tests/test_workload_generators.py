@@ -38,7 +38,9 @@ TARGETS = {
 
 
 def test_registry():
-    assert GENERATORS.names() == ["agent", "chatbot", "coder", "hotspot", "random", "toolagent"]
+    assert GENERATORS.names() == ["agent", "chatbot", "coder", "generated_shared_prefix", "hotspot", "llm_router_sessions",
+                                  "prefix_repetition",
+                                  "random", "shared_prefix", "toolagent"]
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

@@ -231,6 +231,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out}: cannot write the run directory ({exc.strerror or exc})") from None
     s = results.summary
     print(format_summary(config.name, s))
+    if "stage" in results.requests:
+        from lmsim.engine.stages import format_stage_table, stage_summary
+
+        print(format_stage_table(stage_summary(results.requests)))
     if load:
         print(describe_load(load))
     print(f"run directory: {out}  (total {time.perf_counter() - started:.1f}s)")

@@ -30,7 +30,7 @@ class RequestState(IntEnum):
 @dataclass(slots=True, eq=False)
 class Request:
     """What a router may read: `request_id`, `arrived_at`, `input_tokens`, `block_hashes`,
-    `trace_hash_ids`, `session_id`, `parent_id`, `class_id`, `slo_class`. `output_tokens` is
+    `trace_hash_ids`, `session_id`, `parent_id`, `class_id`, `slo_class`, `prompt_text`. `output_tokens` is
     the trace's ground truth and must not be used for routing (a real router cannot know it).
 
     `block_hashes` are the engine-block (16-token) content hashes of the prompt's full blocks
@@ -51,6 +51,10 @@ class Request:
     parent_id: int = -1
     class_id: int = -1
     slo_class: int = -1
+    # The prompt as the client sent it, for routers that read text (llm-d's approximate
+    # prefix scorer hashes characters); "" when the workload has no text (most traces).
+    # Shared with the trace's table, never copied.
+    prompt_text: str = ""
 
     state: RequestState = RequestState.PENDING
     instance_id: int | None = None

@@ -26,7 +26,7 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 # disk, never float64 with NaN (see study/rundir.py). Unknown is always null.
 NULLABLE_INT_COLUMNS = (
     "instance_id", "cached_tokens", "session_id", "class_id", "prefill_instance_id", "kv_transfer_bytes",
-    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes",
+    "kv_hit_tokens_host", "kv_hit_tokens_disk", "kv_load_bytes", "stage",
 )
 # The columns only a disaggregated cluster's requests have (engine/metrics.py HandoffRecords),
 # after `instance_id` (there: the decode instance).
@@ -58,17 +58,22 @@ class Results:
             if len(pred) and {"request_id", "predicted_ttft_s"} <= set(pred.columns):
                 predicted[pred["request_id"].to_numpy(dtype=np.int64)] = pred["predicted_ttft_s"].to_numpy()
         out = rec.output_tokens
-        ttft = rec.first_token_at - rec.arrived_at
+        first_token_at, finished_at = rec.first_token_at, rec.finished_at
+        if getattr(sim, "frontend", None) is not None:
+            # what the client sees: every token arrives the streaming delay late
+            first_token_at = first_token_at + sim.frontend.stream_s
+            finished_at = finished_at + sim.frontend.stream_s
+        ttft = first_token_at - rec.arrived_at
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (rec.finished_at - rec.first_token_at) / (out - 1), np.nan)
+            tpot = np.where(out > 1, (finished_at - first_token_at) / (out - 1), np.nan)
         requests = pd.DataFrame(
             {
                 "request_id": np.arange(len(trace), dtype=np.int64),
                 "arrived_at": rec.arrived_at,
                 "routed_at": rec.routed_at,
                 "first_scheduled_at": rec.first_scheduled_at,
-                "first_token_at": rec.first_token_at,
-                "finished_at": rec.finished_at,
+                "first_token_at": first_token_at,
+                "finished_at": finished_at,
                 "instance_id": nullable_int(rec.instance_id),
                 "input_tokens": np.array(trace.input_tokens),  # a writable frame: cached traces are read-only
                 "output_tokens": out,
@@ -78,7 +83,7 @@ class Results:
                 "lookup_hit_tokens": rec.lookup_hit_tokens,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
-                "e2e_s": rec.finished_at - rec.arrived_at,
+                "e2e_s": finished_at - rec.arrived_at,
                 "queue_s": rec.first_scheduled_at - rec.arrived_at,
                 "predicted_ttft_s": predicted,
                 "session_id": nullable_int(trace.column("session_id")),
@@ -105,6 +110,8 @@ class Results:
             requests["kv_hit_tokens_disk"] = nullable_int(rec.kv_hit_tokens_disk)
             requests["kv_load_bytes"] = nullable_int(rec.kv_load_bytes)
             requests["kv_load_s"] = rec.kv_load_s
+        if trace.stage is not None:  # a load ladder's stage (lmsim.engine.stages)
+            requests["stage"] = nullable_int(trace.stage)
         instances = pd.DataFrame(
             rec.samples,
             columns=[
@@ -150,6 +157,10 @@ class Results:
             from lmsim.engine.kv_tiers import tier_summary
 
             summary.update(tier_summary(sim, requests))
+        if trace.stage is not None:
+            from lmsim.engine.stages import across_stages, stage_summary
+
+            summary.update(across_stages(stage_summary(requests)))
         summary["requests_per_wall_s"] = (
             summary["num_finished"] / wall_time_s if wall_time_s > 0 else None
         )

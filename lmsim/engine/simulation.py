@@ -20,6 +20,7 @@ from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.block_names import BlockNames
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.disagg import Disaggregation, DisaggRouter
+from lmsim.engine.frontend import FrontEnd
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
 from lmsim.engine.kv_tiers import build_kv_tiers
@@ -34,6 +35,7 @@ from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
 from lmsim.engine.router import LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
+from lmsim.engine.stages import StageBarrier
 from lmsim.errors import ConfigError, InvariantError
 from lmsim.policies import POLICIES, Policy
 from lmsim.policies.disagg import check_policy_shape
@@ -176,9 +178,17 @@ class Simulation:
         else:
             self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
 
-        # Arrivals: open-loop rows in trace order, closed-loop rows once released.
+        # Arrivals: open-loop rows in trace order, closed-loop rows once released, a load
+        # ladder's rows stage by stage (lmsim.engine.stages).
         after = trace.column("after_id")
-        self._open_rows = np.flatnonzero(after < 0)
+        self.stages = StageBarrier.from_trace(trace)
+        # the client-side latency path (None: the client sits at the router, as before)
+        self.frontend = FrontEnd.from_config(config.frontend)
+        self._egress_s = self.frontend.stream_s if self.frontend is not None else 0.0
+        gated = np.zeros(len(trace), dtype=bool)
+        if self.stages is not None:
+            gated[self.stages.gated_rows] = True
+        self._open_rows = np.flatnonzero((after < 0) & ~gated)
         self._open_pos = 0
         self._released: list[tuple[float, int]] = []
         self._children: dict[int, list[int]] = {}
@@ -350,7 +360,7 @@ class Simulation:
         raise simpy.core.StopSimulation(None)
 
     def _hard_stop(self, _event: simpy.Event) -> None:
-        if self.live or self._next_arrival() is not None or self._children:
+        if self.live or self._next_arrival() is not None or self._children or self._stages_pending:
             self.last_activity_s = self.env.now
             raise simpy.core.StopSimulation(None)
 
@@ -379,6 +389,7 @@ class Simulation:
             parent_id=int(self._parent_id[row]),
             class_id=int(self._class_id[row]),
             slo_class=int(self._slo_class[row]),
+            prompt_text=trace.prompt_text(row),
         )
         self.live += 1
         self.num_arrived += 1
@@ -395,7 +406,14 @@ class Simulation:
         if clipped:
             # vLLM stops a request once prompt + output reaches max_model_len.
             self.recorder.clipped(request)
-        self.router.route(request, now)
+        if self.frontend is None:
+            self.router.route(request, now)
+            return
+        # sent now; the router sees it once the front end has handled and tokenised it
+        schedule_at(
+            self.env, now + self.frontend.ingress_s(input_tokens), ARRIVAL,
+            lambda _event: self.router.route(request, self.env.now),
+        )
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
         reason = self.dispatch_problem(request, instance_id)
@@ -439,7 +457,18 @@ class Simulation:
         self.live -= 1
         self._release_children(request, self.env.now)
 
+    @property
+    def _stages_pending(self) -> bool:
+        return self.stages is not None and self.stages.pending
+
+    def _release(self, due: list[tuple[float, int]]) -> None:
+        for item in due:
+            heapq.heappush(self._released, item)
+        self._schedule_next_arrival()
+
     def _release_children(self, request: Request, now: float) -> None:
+        if self.stages is not None:
+            self._release(self.stages.on_done(request.request_id, now))
         if request.state is not RequestState.FINISHED:
             self._drop_successors(request.request_id)
             return
@@ -473,8 +502,9 @@ class Simulation:
             self.live -= 1
             self.recorder.finished(request)
             self.policy.on_finished(request)
-            if request.request_id in self._children:
-                self._release_children(request, now)
+            if self.stages is not None or request.request_id in self._children:
+                # the client reacts when it reads the last token
+                self._release_children(request, now + self._egress_s)
         if self.check:
             from lmsim.engine.invariants import check_step
 
@@ -494,6 +524,8 @@ class Simulation:
         self._schedule_periodic(self.config.simulation.sample_interval_s, self._sample, 0)
         for period, callback in self._periodic:
             self._schedule_periodic(period, callback, 1)
+        if self.stages is not None:
+            self._release(self.stages.start())
         self._schedule_next_arrival()
         self.env.run()
         if progress is not None and self.num_arrived % PROGRESS_EVERY:

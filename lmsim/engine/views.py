@@ -26,6 +26,12 @@ switches:
   - `exact` (default): live at decision time;
   - `scraped`: a snapshot refreshed every `scrape_interval_s` (Prometheus-style scraping).
 
+`metrics_path` sets the load view in one setting: the path from an engine's load gauges to
+the router's scheduler (engine gauge update, scrape, scheduler refresh) as one refresh
+period, named by router family (`METRICS_PATHS`) or given in seconds. It stands for
+`load_view: scraped` with that `scrape_interval_s` (or `exact` where the family's router
+keeps its load signals itself), so it cannot be combined with those two.
+
 With both switches exact, `wrap` returns the engine's view itself: zero overhead.
 Router-local counters (in-flight requests, Dynamo's active blocks) are not affected: policies
 keep those themselves, exact at dispatch, as the real routers do.
@@ -60,6 +66,42 @@ _LOAD_FIELDS = (
     "num_free_blocks",
     "num_total_blocks",
 )
+
+
+# Router family -> refresh period of the load it reads (s), None where the router counts
+# its own load at dispatch (exact).
+METRICS_PATHS: dict[str, float | None] = {
+    "exact": None,
+    # Gateway API Inference Extension / llm-d EPP: pods' /metrics are re-read every
+    # `--refreshMetricsInterval`, 50 ms by default and at least (runserver
+    # DefaultRefreshMetricsInterval, MinRefreshMetricsInterval); vLLM V1 updates the gauges
+    # it serves with every engine step's stats (PrometheusStatLogger.record), so the step
+    # adds nothing on top.
+    "llm-d": 0.05,
+    # vLLM production-stack router: engine stats scraped every `--engine-stats-interval`,
+    # 30 s by default (vllm_router parser).
+    "vllm-production-stack": 30.0,
+    # Dynamo's KV router and SGLang's router count in-flight work (active blocks, running
+    # requests) themselves at dispatch: their load is exact; their cache view is `kv_view`.
+    "dynamo": None,
+    "sglang": None,
+}
+
+
+def resolve_metrics_path(path: Any, load_view: str | None, scrape_interval_s: float | None) -> tuple[str, float]:
+    """(load_view, scrape_interval_s) from `metrics_path` (a family or seconds), or from
+    the two explicit settings (defaults: exact, 0.1 s) when it is None."""
+    if path is None:
+        return load_view or "exact", 0.1 if scrape_interval_s is None else scrape_interval_s
+    if load_view is not None or scrape_interval_s is not None:
+        raise ValueError("metrics_path sets load_view and scrape_interval_s: give one or the other, not both")
+    if isinstance(path, str):
+        if path not in METRICS_PATHS:
+            raise ValueError(f"param 'metrics_path' must be seconds or one of {'|'.join(METRICS_PATHS)}, got {path!r}")
+        period = METRICS_PATHS[path]
+    else:
+        period = check_number("metrics_path", path, lo=0)
+    return ("exact", 0.1) if not period else ("scraped", float(period))
 
 
 class ApproxPrefixIndex:
@@ -241,9 +283,11 @@ class ViewAdapter:
         kv_event_delay_s: float = 0.05,
         approx_ttl_s: float | None = 120.0,
         approx_capacity_blocks: int = 200000,
-        load_view: str = "exact",
-        scrape_interval_s: float = 0.1,
+        load_view: str | None = None,
+        scrape_interval_s: float | None = None,
+        metrics_path: str | float | None = None,
     ) -> None:
+        load_view, scrape_interval_s = resolve_metrics_path(metrics_path, load_view, scrape_interval_s)
         self.kv_view = check_choice("kv_view", kv_view, ("exact", "approximate", "events"))
         self.kv_event_delay_s = check_number("kv_event_delay_s", kv_event_delay_s, lo=0)
         # None: no TTL, entries live until the LRU capacity pushes them out (SGLang).

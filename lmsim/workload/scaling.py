@@ -18,6 +18,10 @@ def time_scale(trace: Trace, factor: float) -> Trace:
     """Arrivals t -> t0 + (t - t0) / factor; delay_s / factor. factor > 1 speeds up."""
     if not np.isfinite(factor) or factor <= 0:
         raise ConfigError(f"time-scale factor must be > 0, got {factor}")
+    if trace.stage is not None:
+        # a ladder's stages carry their own rates (and its barrier its own timing)
+        raise ConfigError("a staged workload (a load ladder) is not re-timed: set the rates in its stages "
+                          "instead of workload.rate / time_scale / load")
     out = trace.replace()
     if len(out):
         t0 = out.arrival_s[0]
@@ -48,6 +52,9 @@ def window(trace: Trace, start_s: float, end_s: float) -> Trace:
     links to rows outside the window become -1 (those rows arrive at their estimate)."""
     if end_s <= start_s:
         raise ConfigError(f"window end {end_s} must be after its start {start_s}")
+    if trace.stage is not None and start_s > 0:
+        # a ladder's stages are timed from their own starts (and by its barrier)
+        raise ConfigError("a staged workload (a load ladder) is not cut by start_s: drop stages from its generator instead")
     rows = np.flatnonzero((trace.arrival_s >= start_s) & (trace.arrival_s < end_s))
     out = trace.take(rows)
     out.arrival_s = out.arrival_s - start_s

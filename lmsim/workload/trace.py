@@ -17,8 +17,14 @@ Parquet file with one row per request:
 | `slo_class`     | int64         | SLO class (multi-SLO routing), -1 if none                      |
 | `after_id`      | int64         | closed loop: arrive `delay_s` after row `after_id` finishes    |
 | `delay_s`       | float64       | think time used with `after_id`                                |
+| `stage`         | int64         | load stage of a benchmark ladder (`lmsim.engine.stages`), -1   |
+| `prompt_text`   | dict<string>  | the prompt as text, where the workload has one (else absent)   |
 
 The Parquet schema metadata carries `block_size` (tokens per hash id) and `source`.
+`stage` and `prompt_text` are written only when the trace has them. In memory the text is
+`prompt_texts` (each distinct prompt once) indexed by the `text_id` column, so a benchmark
+that sends a few hundred prompts thousands of times holds each string once; on disk it is
+a dictionary-encoded string column.
 
 Generated tokens are named by the continuation: a request's output occupies the positions
 after its prompt, and the row that continues it (`continuation_rows`) names those
@@ -47,6 +53,8 @@ from lmsim.errors import TraceError
 from lmsim.outputs import atomic_path
 
 OPTIONAL_INT_COLUMNS = ("session_id", "parent_id", "class_id", "slo_class", "after_id")
+# Written to Parquet only when present, so traces without them keep their files and digests.
+EXTRA_INT_COLUMNS = ("stage", "text_id")
 
 
 @dataclass
@@ -63,6 +71,9 @@ class Trace:
     slo_class: np.ndarray | None = None
     after_id: np.ndarray | None = None
     delay_s: np.ndarray | None = None
+    stage: np.ndarray | None = None
+    text_id: np.ndarray | None = None  # index into prompt_texts, -1: no text
+    prompt_texts: tuple[str, ...] = ()
     source: str = ""
     meta: dict[str, str] = field(default_factory=dict)
 
@@ -75,7 +86,8 @@ class Trace:
         # int32 as `compact()` or a generator made it (memory); int64 otherwise
         ids_dtype = np.int32 if np.asarray(self.hash_values).dtype == np.int32 else np.int64
         self.hash_values = np.ascontiguousarray(self.hash_values, dtype=ids_dtype)
-        for name in (*OPTIONAL_INT_COLUMNS, "delay_s"):
+        self.prompt_texts = tuple(self.prompt_texts)
+        for name in (*OPTIONAL_INT_COLUMNS, *EXTRA_INT_COLUMNS, "delay_s"):
             col = getattr(self, name)
             if col is not None:
                 dtype = np.float64 if name == "delay_s" else np.int64
@@ -116,6 +128,13 @@ class Trace:
         if name == "delay_s":
             return np.zeros(len(self), dtype=np.float64)
         return np.full(len(self), -1, dtype=np.int64)
+
+    def prompt_text(self, i: int) -> str:
+        """Row i's prompt text, or "" when the trace carries none for it."""
+        if self.text_id is None:
+            return ""
+        k = int(self.text_id[i])
+        return self.prompt_texts[k] if k >= 0 else ""
 
     @property
     def is_closed_loop(self) -> bool:
@@ -162,6 +181,9 @@ class Trace:
             slo_class=sub("slo_class"),
             after_id=sub("after_id"),
             delay_s=sub("delay_s"),
+            stage=sub("stage"),
+            text_id=sub("text_id"),
+            prompt_texts=self.prompt_texts,
             source=self.source,
             meta=dict(self.meta),
         )
@@ -237,6 +259,11 @@ class Trace:
         for name in OPTIONAL_INT_COLUMNS:
             columns[name] = pa.array(self.column(name), type=pa.int64())
         columns["delay_s"] = pa.array(self.column("delay_s"), type=pa.float64())
+        if self.stage is not None:
+            columns["stage"] = pa.array(self.stage, type=pa.int64())
+        if self.text_id is not None:
+            ids = pa.array(self.text_id.astype(np.int32), mask=self.text_id < 0, type=pa.int32())
+            columns["prompt_text"] = pa.DictionaryArray.from_arrays(ids, pa.array(self.prompt_texts, type=pa.string()))
         meta = {**self.meta, "block_size": str(self.block_size), "source": self.source}
         table = pa.table(columns)
         return table.replace_schema_metadata({k.encode(): str(v).encode() for k, v in meta.items()})
@@ -323,11 +350,25 @@ def read_parquet(path: str | os.PathLike[str]) -> Trace:
         slo_class=opt("slo_class"),
         after_id=opt("after_id"),
         delay_s=opt("delay_s"),
+        stage=opt("stage"),
+        **_read_texts(table),
         source=str(path),
         meta={k: v for k, v in meta.items() if k not in ("block_size", "source")},
     )
     trace.validate()
     return trace
+
+
+def _read_texts(table: pa.Table) -> dict[str, object]:
+    """`text_id` and `prompt_texts` from a `prompt_text` column (dictionary-encoded as
+    `to_arrow` writes it, or plain strings), or nothing."""
+    if "prompt_text" not in table.column_names:
+        return {}
+    col = table.column("prompt_text").combine_chunks()
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    ids = np.asarray(col.indices.fill_null(-1), dtype=np.int64)
+    return {"text_id": ids, "prompt_texts": tuple(col.dictionary.to_pylist())}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lmsim.workload.generators import agent, chat, coder, synthetic  # noqa: F401  (registration side effects)
+from lmsim.workload.generators import agent, benchmarks, chat, coder, sessions, synthetic  # noqa: F401  (registration side effects)
 from lmsim.workload.generators.registry import GENERATORS
 from lmsim.workload.trace import Trace
 

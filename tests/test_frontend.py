@@ -1,0 +1,74 @@
+"""The client-side latency path (lmsim.engine.frontend): HTTP + gateway + tokenisation
+before the router, streaming after the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmsim.config import validate
+from lmsim.errors import ConfigError
+from lmsim.workload.ladder import stage_meta
+from tests.conftest import make_config, make_trace, simulate
+
+FRONT = {"request_s": 0.1, "gateway_s": 0.05, "tokenize_s_per_token": 0.001, "stream_s": 0.02}
+
+
+def test_front_end_adds_ingress_and_streaming_to_ttft_and_e2e():
+    """One request of 10 prompt tokens sent at 0: ingress 0.1 + 0.05 + 10 x 0.001 = 0.16 s,
+    so the router sees it at 0.16; the engine's linear steps give its first token 0.020 s
+    later (0.18) and its second 0.0101 s after that (0.1901); the client reads each 0.02 s
+    later: TTFT 0.20, E2E 0.2101, TPOT unchanged 0.0101."""
+    res = simulate(make_trace([0.0], [10], [2]), frontend=FRONT)
+    r = res.requests.iloc[0]
+    assert r["arrived_at"] == 0.0
+    assert r["routed_at"] == pytest.approx(0.16)
+    assert r["ttft_s"] == pytest.approx(0.20)
+    assert r["e2e_s"] == pytest.approx(0.2101)
+    assert r["tpot_s"] == pytest.approx(0.0101)
+
+
+def test_without_a_front_end_nothing_moves():
+    """No `frontend:` section: TTFT is the engine's alone, 0.020 s (as before the model)."""
+    res = simulate(make_trace([0.0], [10], [2]))
+    assert res.requests["ttft_s"].iloc[0] == pytest.approx(0.020)
+    assert "frontend" not in make_config().to_dict()
+
+
+def test_closed_loop_successor_waits_for_the_client_side_finish():
+    """Row 1 follows row 0 with 0.5 s think time. Row 0 (sent at 0): client finish at 0.2101
+    (above); row 1 is sent at 0.7101, reaches the router at 0.8701."""
+    trace = make_trace([0.0, 1.0], [10, 10], [2, 2], after_id=[-1, 0], delay_s=[0.0, 0.5], session_id=[0, 0])
+    res = simulate(trace, frontend=FRONT)
+    assert res.requests["arrived_at"].iloc[1] == pytest.approx(0.7101)
+    assert res.requests["routed_at"].iloc[1] == pytest.approx(0.8701)
+
+
+def test_stage_barrier_counts_the_client_side_finish():
+    """Stage 0's one request finishes for the client at 0.2101; with a 1 s interval stage 1
+    starts at 1.2101 and its request (offset 0.5 from its nominal start 2.0) is sent at
+    1.7101."""
+    trace = make_trace([0.0, 2.5], [10, 10], [2, 2], stage=[0, 1], session_id=[0, 1])
+    trace.meta.update(stage_meta([0.0, 2.0], 1.0, True))
+    res = simulate(trace, frontend=FRONT)
+    assert res.requests["arrived_at"].iloc[1] == pytest.approx(1.7101)
+
+
+def test_defaults_are_the_calibrated_api_server():
+    """`frontend: {}` turns the model on with its defaults: 5 ms + 1 us/token in, 1 ms out;
+    10 tokens: TTFT 0.005 + 0.00001 + 0.020 + 0.001 = 0.02601."""
+    res = simulate(make_trace([0.0], [10], [2]), frontend={})
+    assert res.requests["ttft_s"].iloc[0] == pytest.approx(0.02601)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"request_s": -1}, "frontend.request_s: Input should be greater than or equal to 0"),
+        ({"stream_ms": 1}, "frontend.stream_ms: unknown key"),
+        ({"tokenize_s_per_token": "fast"}, "frontend.tokenize_s_per_token"),
+    ],
+)
+def test_bad_front_end_is_one_line(section, message):
+    raw = {"workload": {"trace": "x.parquet"}, "frontend": section}
+    with pytest.raises(ConfigError, match=message):
+        validate(raw, where="exp.yaml")
