@@ -12,6 +12,7 @@ from lmsim.policies import (  # noqa: F401  (registration side effects)
     filter,
     jsq,
     linear,
+    llmd_epp,
     lmetric,
     polyserve,
     preble,

@@ -281,6 +281,11 @@ class LlmdScorer(Policy):
     takes the best medium block by block, which differs only where a block missing from the
     GPU is followed by one it still holds (rare: vLLM evicts a prefix tail first).
     Params (with tiers): cpu_weight=0.8, disk_weight=1.0 (>= 0).
+
+    lmsim's earlier, compact form of the EPP, kept as it was (the study's runs use it).
+    `llmd_epp` is the EPP as llm-d configures and computes it: GIE's approximate index over
+    prompt-text blocks in a per-server LRU, the precise scorer's min-max, the
+    active-request scorer, and the EndpointPickerConfig's own plugin list and weights.
     """
 
     def __init__(
