@@ -62,7 +62,7 @@ ROUTERS = {
     "round-robin": {"policy": "round_robin"},
     "random": {"policy": "random"},
     "least-loaded": {"policy": "vllm", "params": {"w_run": 1.0, "w_wait": 1.0}},
-    "prefix-aware": {"policy": "sglang"},
+    "prefix-aware": {"policy": "sglang", "view": {"kv_view": "approximate"}},
 }
 
 
