@@ -393,3 +393,20 @@ def test_the_readme_example_is_the_a2_estimate_config():
     preset = make_policy("llmd_epp", preset="estimate-prefix-cache_load")
     assert [(type(s).__name__, w) for s, w in pasted.scorers] == [
         (type(s).__name__, w) for s, w in preset.scorers]
+
+
+def test_the_approximate_scorer_reads_the_prompt_text_in_a_run():
+    """Four 160-token prompts whose trace names no block (so token blocks never match), texts
+    A, B, A, B of 640 characters: with llm-d's sample config (prefix weight 2 only) the third
+    request follows the first and the fourth the second, because their texts match."""
+    a, b = "a" * 320 + "x" * 320, "b" * 640
+    trace = make_trace([0.0, 1.0, 2.0, 3.0], [160] * 4, [4] * 4, text_id=[0, 1, 0, 1])
+    trace.prompt_texts = (a, b)
+    pods = simulate(trace, cluster={"num_instances": 3},
+                    router={"policy": "llmd_epp"}).requests["instance_id"].tolist()
+    assert pods[2] == pods[0] and pods[3] == pods[1]
+    blind = make_trace([0.0, 1.0, 2.0, 3.0], [160] * 4, [4] * 4)  # no text: no match to follow
+    seeds = {tuple(simulate(blind, cluster={"num_instances": 3}, seed=s,
+                            router={"policy": "llmd_epp"}).requests["instance_id"].tolist())
+             for s in range(6)}
+    assert any(p[2] != p[0] or p[3] != p[1] for p in seeds)

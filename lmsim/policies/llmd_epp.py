@@ -17,7 +17,8 @@ gateway-api-inference-extension (GIE) v0.5.1 and llm-d-kv-cache-manager v0.2.1):
   first = uniformly random among the maxima; `random_picker.go`: uniformly random pod.
 * Each scorer's source is cited on its class.
 
-The weights are the profile's `weight` (GIE's default is 1 when a scorer's weight is left out).
+The weights are the profile's `weight`; a scorer without one weighs 1 (GIE v1.0
+`pkg/epp/config/loader/defaults.go` `DefaultScorerWeight`; v0.5.1 refused the config).
 """
 
 from __future__ import annotations
