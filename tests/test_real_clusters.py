@@ -101,3 +101,12 @@ def test_the_cases_read_their_published_rows(harness):
     assert a14[(a14.stage == "4") & (a14.router == "least-loaded") & (a14.metric == "ttft")].value.item() == 0.066
     b2 = _load("b2_openinfer_rtx5090").real_table()
     assert b2[(b2.stage == "16") & (b2.metric == "throughput")].value.item() == 1690.0
+
+
+def test_without_ttft_the_best_router_is_the_highest_throughput(harness):
+    """One stage, throughput only: real x 10 < y 20, sim x 12 > y 11: best y vs x, tau -1."""
+    real = harness.long_table([("inf", "x", "throughput", 10.0), ("inf", "y", "throughput", 20.0)])
+    sim = harness.long_table([("inf", "x", "throughput", 12.0), ("inf", "y", "throughput", 11.0)])
+    c = harness.compare("t", real, sim, ["inf"])
+    assert (c.per_stage.best_real.item(), c.per_stage.best_sim.item()) == ("y", "x")
+    assert c.per_stage.tau_tput.item() == -1.0 and c.bars()["best_match"] == 0.0

@@ -82,7 +82,7 @@ def real_table():
     return harness.long_table(out)
 
 
-def simulate(seeds: int):
+def simulate(seeds: int, max_tokens: int = 64):
     out = []
     for label, router in ROUTERS.items():
         for sessions in SESSIONS:
@@ -90,7 +90,8 @@ def simulate(seeds: int):
             for seed in range(seeds):
                 results = harness.run({
                     "name": f"{CASE}-{label}-{sessions}", "seed": seed,
-                    "workload": {"generator": {"name": "llm_router_sessions", "params": {"sessions": sessions}}},
+                    "workload": {"generator": {"name": "llm_router_sessions", "params": {
+                        "sessions": sessions, "max_tokens": max_tokens}}},
                     "cluster": {"num_instances": 4, "profile": harness.profile("qwen2.5-7b", "a100", 1, "vllm-0.6"),
                                 "max_num_seqs": 256, "max_num_batched_tokens": 32768,
                                 "cache_generated_blocks": False},
@@ -107,9 +108,11 @@ def simulate(seeds: int):
 def main(argv=None) -> harness.Comparison:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="output tokens per request (the source's cap; its real lengths are not published)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    comparison = harness.compare(CASE, real_table(), simulate(args.seeds), [str(s) for s in SESSIONS])
+    comparison = harness.compare(CASE, real_table(), simulate(args.seeds, args.max_tokens), [str(s) for s in SESSIONS])
     comparison.notes.append("TTFT = p50 (the source's), throughput = requests/s; stages = concurrent sessions")
     harness.report(comparison, time.perf_counter() - start)
     return comparison

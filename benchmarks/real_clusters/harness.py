@@ -8,7 +8,8 @@ value of each metric (`real`) and lmsim's (`sim`) as long tables with columns
 * ranking agreement: Kendall's tau-b between the routers' real and simulated values, per
   stage, on TTFT and on throughput (`kendall_tau`; tau-b so a tie counts half, as
   `scipy.stats.kendalltau` defines it: (C - D) / sqrt((n0 - n1)(n0 - n2)));
-* the best router per stage (lowest TTFT), real vs simulated;
+* the best router per stage (lowest TTFT; highest throughput where no TTFT is published),
+  real vs simulated;
 * each router's saturation stage (`saturation_stage`), the same rule on both sides;
 * sim/real ratios of throughput and TTFT (TTFT only where the router is unsaturated on the
   real side, as the issue's bar reads: queueing past saturation is not a latency model).
@@ -217,10 +218,15 @@ def compare(case: str, real: pd.DataFrame, sim: pd.DataFrame, stages: Sequence[s
         for metric, key in (("ttft", "tau_ttft"), ("throughput", "tau_tput")):
             here = cells[(cells.stage == s) & (cells.metric == metric)].dropna(subset=["real", "sim"])
             row[key] = kendall_tau(here.real.tolist(), here.sim.tolist()) if len(here) >= 2 else math.nan
+        # the best router: lowest TTFT, or highest throughput where no TTFT is published
         here = cells[(cells.stage == s) & (cells.metric == "ttft")].dropna(subset=["real", "sim"])
+        pick = "idxmin"
+        if len(here) < 2:
+            here = cells[(cells.stage == s) & (cells.metric == "throughput")].dropna(subset=["real", "sim"])
+            pick = "idxmax"
         if len(here) >= 2:
-            row["best_real"] = here.loc[here.real.idxmin(), "router"]
-            row["best_sim"] = here.loc[here.sim.idxmin(), "router"]
+            row["best_real"] = here.loc[getattr(here.real, pick)(), "router"]
+            row["best_sim"] = here.loc[getattr(here.sim, pick)(), "router"]
         else:
             row["best_real"] = row["best_sim"] = None
         per_stage.append(row)
