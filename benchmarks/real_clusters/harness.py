@@ -273,6 +273,7 @@ def report(comparison: Comparison, elapsed_s: float | None = None, write: bool =
         RESULTS_DIR.mkdir(exist_ok=True)
         (RESULTS_DIR / f"{c.case}.md").write_text(text)
         cells.to_csv(RESULTS_DIR / f"{c.case}.csv", index=False)
+        pd.DataFrame([c.bars()]).to_csv(RESULTS_DIR / f"{c.case}.bars.csv", index=False)
     return text
 
 
