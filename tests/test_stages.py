@@ -142,3 +142,15 @@ def test_a_ladder_is_not_cut_by_start_time():
     with pytest.raises(ConfigError, match="not cut by start_s"):
         window(_staged_trace(), 1.0, 10.0)
     assert len(window(_staged_trace(), 0.0, 1.0)) == 2  # an end cut keeps stage offsets
+
+
+def test_closed_loop_rows_are_not_released_twice():
+    """Row 1 follows row 0 (after_id) inside stage 0: it arrives once, when row 0 is done
+    (0.0301, no think time), not also by the barrier; stage 1 waits only for row 0 (its
+    open-loop rows): it starts at 1.0301 and row 2 (offset 0.5) arrives at 1.5301."""
+    trace = make_trace([0.0, 0.1, 2.5], [10, 10, 10], [2, 2, 2], stage=[0, 0, 1], session_id=[0, 0, 1],
+                       after_id=[-1, 0, -1], delay_s=[0.0, 0.0, 0.0])
+    trace.meta.update(stage_meta([0.0, 2.0], 1.0, True))
+    res = simulate(trace)
+    assert res.summary["num_finished"] == 3
+    assert res.requests["arrived_at"].tolist() == pytest.approx([0.0, 0.0301, 1.5301], abs=1e-9)

@@ -66,7 +66,9 @@ class StageBarrier:
         stages then keep their nominal, overlapping-free open-loop times)."""
         if trace.stage is None or trace.meta.get(META_BARRIER, "1") != "1" or not (trace.stage >= 0).any():
             return None
-        stage = trace.stage
+        # a closed-loop row arrives after its predecessor, never by the barrier (which then
+        # neither releases nor waits for it)
+        stage = np.where(trace.column("after_id") >= 0, -1, trace.stage)
         if META_STARTS in trace.meta:
             starts = json.loads(trace.meta[META_STARTS])
         else:  # a staged trace from elsewhere: a stage starts at its first arrival
