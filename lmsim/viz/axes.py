@@ -135,7 +135,11 @@ def declutter_ticks(fig: Any, rounds: int = 4) -> None:
         if not crowded:
             return
         for axis in crowded:
+            before = axis.get_major_locator()
             _thin(axis, len(drawn_tick_labels(axis)))
+            low, high = sorted(axis.get_view_interval())
+            if sum(low <= loc <= high for loc in axis.get_major_locator()()) < 2:
+                axis.set_major_locator(before)  # never thinned to fewer than two ticks in view
 
 
 def panel_title(ax: Any, title: str, width: int = 60) -> None:
