@@ -168,6 +168,8 @@ def test_linear_latency_axes_start_at_zero(seeded_runs: list[Path]) -> None:
         for ax in fig.axes:
             if ax.get_yscale() == "linear" and ax.get_ylabel() != "CDF":
                 assert ax.get_ylim()[0] == 0.0, ax.get_ylabel()
+                top = max(line.get_ydata().max() for line in ax.get_lines())
+                assert ax.get_ylim()[1] >= top * 1.04  # the highest point is inside the frame
             if ax.get_xscale() == "linear" and ax.get_ylabel() == "CDF":
                 assert ax.get_xlim()[0] == 0.0, ax.get_xlabel()
         assert_readable(fig)

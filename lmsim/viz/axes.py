@@ -61,8 +61,11 @@ def set_scale(
         setter("linear")
         target.set_major_formatter(formatter)
         if from_zero:
-            high = (ax.get_xlim() if axis == "x" else ax.get_ylim())[1]
-            (ax.set_xlim if axis == "x" else ax.set_ylim)(0.0, max(high, 0.0) or 1.0)
+            # the drawn data's top plus a 5% margin of the new span (autoscale's margin was
+            # of the data's own span: a flat line at 200 got 200.5, and touched the frame)
+            top = ax.dataLim.x1 if axis == "x" else ax.dataLim.y1
+            top = max(top if np.isfinite(top) else 0.0, values.max() if len(values) else 0.0)
+            (ax.set_xlim if axis == "x" else ax.set_ylim)(0.0, top * 1.05 if top > 0 else 1.0)
 
 
 def latency_unit(values_ms: Any) -> tuple[str, float]:
@@ -132,7 +135,11 @@ def declutter_ticks(fig: Any, rounds: int = 4) -> None:
         if not crowded:
             return
         for axis in crowded:
+            before = axis.get_major_locator()
             _thin(axis, len(drawn_tick_labels(axis)))
+            low, high = sorted(axis.get_view_interval())
+            if sum(low <= loc <= high for loc in axis.get_major_locator()()) < 2:
+                axis.set_major_locator(before)  # never thinned to fewer than two ticks in view
 
 
 def panel_title(ax: Any, title: str, width: int = 60) -> None:

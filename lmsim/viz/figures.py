@@ -52,6 +52,7 @@ from lmsim.viz.axes import plain_number as _plain
 from lmsim.viz.bands import band_words, cdf_band, point_interval, t95
 from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
+from lmsim.viz.titles import policy_words
 
 KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
 FORMATS = FIGURE_FORMATS
@@ -79,6 +80,8 @@ def _sweep_values(data: RunSet, frame: pd.DataFrame) -> dict[str, float]:
         if len(series) < SWEEP_MIN_LINES:
             continue
         runs = frame[frame["run"].isin(pd.concat([r for _, r in series])["run"])]
+        if any(policy_words(data.policy(row), data.configs[row["run"]])[1] for _, row in runs.iterrows()):
+            continue  # named variants (llm-d oracle / deployed) are not points of a sweep
         keys = [k for k in data.varying(data.series_keys()) if k != "router.policy" and k in runs
                 and as_text(runs[k]).nunique() > 1]  # fmt: skip
         if len(keys) != 1 or not pd.api.types.is_numeric_dtype(runs[keys[0]].dropna()):
@@ -177,6 +180,9 @@ def _seed_samples(data: RunSet, runs: pd.DataFrame, metric: str) -> list[np.ndar
 
 _CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 _CDF_CENTRE = "mean of the seeds' CDFs"
+# A CDF legend whose longest label has more characters goes beside the row: inside, it
+# covered the panel's curves and its CDF tick labels (fig19's four lmetric indicator pairs).
+CDF_LEGEND_INSIDE_CHARS = 40
 _POINT_CENTRE = "mean of seeds (geometric on log axes)"
 
 
@@ -235,8 +241,12 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
     CDFs with a band on the CDF axis (bands.cdf_band), both drawn only where data is. The
     panels of a metric share one x range (and unit)."""
     facets = data.facets()
-    fig, axes = plt.subplots(len(facets), len(metrics), figsize=(4.6 * len(metrics), 3.1 * len(facets)),
-                             squeeze=False)  # fmt: skip
+    longest = max(len(_legend_label(label, _seed_counts(data, frame))) for _, frame in facets
+                  for label, _ in _series(data, frame))  # fmt: skip
+    beside = longest > CDF_LEGEND_INSIDE_CHARS
+    # a legend beside the rows gets its own width (about 0.075 in per character at 9 pt)
+    width = 4.6 * len(metrics) + (0.075 * longest + 0.6 if beside else 0.0)
+    fig, axes = plt.subplots(len(facets), len(metrics), figsize=(width, 3.1 * len(facets)), squeeze=False)
     panels = []
     for (title, frame), row_axes in zip(facets, axes):
         styles = _line_style(data, frame)
@@ -262,7 +272,10 @@ def plot_cdf(data: RunSet, metrics: tuple[tuple[str, str], ...] = _CDF_METRICS) 
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             panel_title(ax, title)
-        _legend(row_axes[-1], counts, _CDF_CENTRE, loc="lower right")
+        if beside:
+            _legend(row_axes[-1], counts, _CDF_CENTRE, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        else:
+            _legend(row_axes[-1], counts, _CDF_CENTRE, loc="lower right")
     _latency_axes(panels, "x", share=True)
     fig.tight_layout()
     declutter_ticks(fig)
