@@ -10,17 +10,32 @@ from seed LMSIM_FUZZ_START (default 0); counts, not wall time, bound it. More on
     python tests/engine_fuzz.py 5000 --save /tmp/fails  # the same from the command line
 
 A failure names each failing seed and category and how to replay it.
+
+Sentinels. With each fix of issue 39 reverted, the 400 draws (seeds 0..39 of each category)
+fail on defect 4 (14 of 40 cut draws) and, by the luck of those seeds, on defect 2 (1 of 40
+tiers) and on the P/D-tier part of defect 3 (1 of 40 pd_tiers), never on defect 1 nor on
+defect 3's chunk pricing or its cap: in larger samples defect 1 shows in 18 of 1,000
+async_pd draws, defect 2 in 8 of 1,000 tiers, the pricing in 2 of 22,500 and the cap in 2
+of 4,000. So CI also runs `SENTINELS`, scenarios saved in tests/fixtures/fuzz_sentinels/ (as
+`generate` drew them when found: a later change to the generator does not move them), each
+one that failed with a fix reverted and passes with it (about 1 s of CPU for all 14); the
+planted-defect test below plants four of those defects again and checks that their
+sentinels still catch them.
+Replay one: `python tests/engine_fuzz.py --replay tests/fixtures/fuzz_sentinels/tiers_10.json`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from engine_fuzz import CATEGORIES, evaluate, generate
 
 from lmsim.engine.instance import Instance
+from lmsim.engine.invariants import idle_prefill_time
+from lmsim.engine.scheduler import InstanceScheduler
 
 SCENARIOS = int(os.environ.get("LMSIM_FUZZ_SCENARIOS", "400"))
 START = int(os.environ.get("LMSIM_FUZZ_START", "0"))
@@ -37,6 +52,79 @@ REACHES = {
     "closed": {"not arrived"},
     "cut": {"unfinished"},
 }
+
+
+SENTINEL_DIR = Path(__file__).resolve().parent / "fixtures" / "fuzz_sentinels"
+# Each sentinel: which defect of issue 39 (fix 64b091a) it fails on when reintroduced, and
+# how it was found. Found by running `python tests/engine_fuzz.py N --category C` (seeds
+# 0..N-1) in a scratch checkout with that part of the fix reverted, over every category
+# (0..399 each; 0..1,499 each and 1,500..3,999 of cut, engine and mixed for the chunk
+# pricing), and checked against every other revert: a sentinel fails on no revert but its
+# own (and the drain-limit cut, which cut_329 also meets). What it found when reverted
+# follows each entry.
+SENTINELS = {
+    # 1. P/D + async: a prefill leg preempted with its last chunk in flight finishes from
+    #    the waiting queue without its KV (scheduler `_sampled_while_waiting` must tell the
+    #    connector, disagg `_PrefillSide.hold_on_finish` hold nothing, `_to_decode` send
+    #    the client to decode to recompute). 18 of async_pd 0..999, 2 of pd 0..499; all
+    #    "request R is past its prefill but instance I does not hold its KV" in the checked
+    #    run (a KeyError in release_held without the checker).
+    "async_pd_67": 1,
+    "async_pd_106": 1,
+    "pd_263": 1,  # async scheduling from the engine fields, not the category
+    # 2. A tier load landing exactly at a step end (kv_tiers `start_load`'s `landed` must
+    #    defer to ARRIVAL): fast-forward and stepping differ. 8 of tiers 0..999, none of
+    #    pd_tiers or mixed_tiers 0..499. tiers_10: a closed-loop successor's arrived_at;
+    #    tiers_89: an instance sample's total_tokens; tiers_141: a first_token_at.
+    "tiers_10": 2,
+    "tiers_89": 2,
+    "tiers_141": 2,
+    # 3. The TTFT floor above a TTFT the engine reached (invariants `_ttft_floor`), in
+    #    three parts of the fix, each found alone:
+    #    pricing: `least_prefill_time` as the old `idle_prefill_time` (maximal chunks
+    #    first, the threshold ignored): 2 of 22,500 (cut 329 and 1799, both async with
+    #    per-context cost and a threshold of 20), none elsewhere;
+    "cut_329": 3,
+    "cut_1799": 3,
+    #    the loaded tokens not capped at input - 1: mixed_tiers 66, pd_tiers 176 of 400
+    #    each (a prompt loaded whole: the floor priced its last token after all of it);
+    "mixed_tiers_66": 3,
+    "pd_tiers_176": 3,
+    #    the P/D leg's tier loads not counted: 26 of pd_tiers 0..399 (so also in the
+    #    random draw, seed 0).
+    "pd_tiers_0": 3,
+    "pd_tiers_44": 3,
+    # 4. A drain-limit cut loses the ended steps of a fast-forwarded run from num_steps and
+    #    busy_fraction_<pool> (`Instance.record_ended_steps`): 61 of cut 0..199 (so also in
+    #    the random draw); summary busy_fraction differs.
+    "cut_5": 4,
+    "cut_8": 4,
+}
+
+
+def _plant_defect(monkeypatch: pytest.MonkeyPatch, defect: int) -> None:
+    """Reintroduce a defect of issue 39 as it was before its fix (64b091a)."""
+    if defect == 1:  # the connector does not hear of a leg finishing from the waiting queue
+        sampled_while_waiting = InstanceScheduler._sampled_while_waiting
+
+        def unheard(self, request, now, outcome):  # type: ignore[no-untyped-def]
+            connector, self.connector = self.connector, None
+            try:
+                sampled_while_waiting(self, request, now, outcome)
+            finally:
+                self.connector = connector
+
+        monkeypatch.setattr(InstanceScheduler, "_sampled_while_waiting", unheard)
+    elif defect == 2:  # a tier load's landing acts at once, at its event's priority
+        monkeypatch.setattr("lmsim.engine.kv_tiers.schedule_at", lambda env, at, priority, callback: callback(None))
+    elif defect == 3:  # the TTFT floor prices an idle engine's chunks, largest first
+        monkeypatch.setattr("lmsim.engine.invariants.least_prefill_time", idle_prefill_time)
+    else:  # a cut forgets the steps in flight that have ended
+        monkeypatch.setattr(Instance, "record_ended_steps", lambda self: None)
+
+
+def _sentinel(name: str) -> dict:
+    return json.loads((SENTINEL_DIR / f"{name}.json").read_text())
 
 
 def fuzz(category: str, seeds: range) -> set[str]:
@@ -88,14 +176,38 @@ def test_a_scenario_is_a_pure_function_of_its_seed_and_survives_json() -> None:
     assert [generate(seed)["category"] for seed in range(len(CATEGORIES))] == list(CATEGORIES)
 
 
-def test_the_fuzzer_reports_a_fast_forward_that_loses_the_steps_a_cut_ended(monkeypatch) -> None:
-    """Defect 4 of issue 39 planted again: a cut run forgets the ended steps of a run in
-    flight. The fuzzer's cut scenarios find it (as the fix's regression test,
-    tests/test_fuzz_findings.py, does by hand)."""
-    monkeypatch.setattr(Instance, "record_ended_steps", lambda self: None)
-    found = [evaluate(generate(seed, "cut")).findings for seed in range(20)]
-    assert any(kind == "fast-forward differs from stepping" and detail.startswith("summary ")
-               for findings in found for kind, detail in findings)
+def test_every_saved_sentinel_is_listed() -> None:
+    assert sorted(p.stem for p in SENTINEL_DIR.glob("*.json")) == sorted(SENTINELS)
+
+
+@pytest.mark.parametrize("name", list(SENTINELS))
+def test_sentinel_scenarios_agree_hold_their_invariants_and_end(name: str) -> None:
+    findings = evaluate(_sentinel(name)).findings
+    assert not findings, f"sentinel {name} (defect {SENTINELS[name]} of issue 39): {findings}"
+
+
+@pytest.mark.parametrize("defect", [1, 2, 3, 4])
+def test_each_planted_defect_is_caught_by_its_sentinels(monkeypatch: pytest.MonkeyPatch, defect: int) -> None:
+    """Four defects of issue 39 planted again (`_plant_defect`): every sentinel listed for
+    the defect finds it, so the sentinels still reach what they are for. (Defect 3's cap
+    and P/D tier parts, inline in `_ttft_floor`, were checked by reverting them in a
+    scratch checkout, not here.)"""
+    expected = {
+        1: "is past its prefill but instance",
+        2: "fast-forward differs from stepping",
+        3: "below its idle prefill time",
+        4: "summary busy_fraction",
+    }[defect]
+    names = [name for name, d in SENTINELS.items() if d == defect]
+    if defect == 3:
+        names = ["cut_329", "cut_1799"]  # the pricing part
+    _plant_defect(monkeypatch, defect)
+    missed = []
+    for name in names:
+        findings = evaluate(_sentinel(name)).findings
+        if not any(expected in f"{kind}: {detail}" for kind, detail in findings):
+            missed.append(f"{name}: {findings}")
+    assert not missed, f"defect {defect} planted, not found by: {missed}"
 
 
 def test_the_fuzzer_reports_an_invariant_failure_of_the_checked_run(monkeypatch) -> None:
