@@ -346,7 +346,7 @@ def _lines_vs(data: RunSet, x_key: str, x_label: str, exclude: tuple[str, ...]) 
             ax.xaxis.set_major_formatter(FuncFormatter(_plain))
             ax.set_xlabel(x_label)
             ax.grid(alpha=0.3)
-            panel_title(ax, title, width=45)
+            panel_title(ax, title, width=36)  # 4 panels and a legend in 15 in: 45 ran into the next title
         # Beside the row, not on it: lines fill every corner of these panels somewhere.
         _legend(row_axes[-1], counts, _POINT_CENTRE, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     _latency_axes(panels, "y")
