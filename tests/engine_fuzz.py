@@ -267,10 +267,9 @@ def _pd(d: Draft) -> None:
         params: dict[str, Any] = {"prefill_policy": side(), "decode_policy": side()}
     elif family == "dynamo_disagg":
         params = {"conditional_disagg": r.random() < 0.5}
-        if params["conditional_disagg"]:
-            if r.random() < 0.5:
-                params.update(eff_isl_threshold=r.choice([16, 64, 2048]),
-                              eff_isl_ratio_threshold=r.choice([0.3, 0.7, 1.0]))
+        if params["conditional_disagg"] and r.random() < 0.5:  # draws only when on, as before
+            params.update(eff_isl_threshold=r.choice([16, 64, 2048]),
+                          eff_isl_ratio_threshold=r.choice([0.3, 0.7, 1.0]))
     else:
         params = {"non_cached_tokens": r.choice([0, 16, 64, 256])} if r.random() < 0.5 else {}
         decode_choices = ["at_arrival"]
