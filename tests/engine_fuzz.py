@@ -31,8 +31,7 @@ Step times on the dyadic profiles are binary fractions and arrivals fall on mult
 2^-10 s, so arrivals, step ends, transfers and loads tie exactly: the orderings that
 fast-forward must reproduce.
 
-`tests/test_fuzz.py` runs a few hundred scenarios in CI, and the sentinels saved in
-tests/fixtures/fuzz_sentinels/ (scenarios that exposed past defects); thousands on demand:
+`tests/test_fuzz.py` runs a few hundred scenarios in CI; thousands on demand:
 
     LMSIM_FUZZ_SCENARIOS=5000 python -m pytest tests/test_fuzz.py -q
     python tests/engine_fuzz.py 5000 [--start S] [--category pd] [--save DIR]
@@ -268,7 +267,7 @@ def _pd(d: Draft) -> None:
         params: dict[str, Any] = {"prefill_policy": side(), "decode_policy": side()}
     elif family == "dynamo_disagg":
         params = {"conditional_disagg": r.random() < 0.5}
-        if params["conditional_disagg"] and r.random() < 0.5:
+        if params["conditional_disagg"] and r.random() < 0.5:  # draws only when on, as before
             params.update(eff_isl_threshold=r.choice([16, 64, 2048]),
                           eff_isl_ratio_threshold=r.choice([0.3, 0.7, 1.0]))
     else:

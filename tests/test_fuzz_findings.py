@@ -181,3 +181,48 @@ def test_a_drain_limit_cut_counts_the_steps_that_ended_with_fast_forward_on_and_
         assert s["num_steps"] == 18
         assert s["busy_fraction_a"] == pytest.approx((0.110 + 8 * 0.0101) / 0.2, rel=1e-12)
         assert s["busy_fraction_b"] == pytest.approx(0.954, rel=1e-12)
+
+
+# -- 5. a hand-over and an arrival at the same instant --------------------------------------------
+
+
+def test_a_hand_over_joins_the_decode_queue_before_an_arrival_at_the_same_instant():
+    """1 prefill + 1 decode instance (max_num_seqs 1), dynamo_disagg with the conditional
+    bypass. Request 0 (48 tokens, blocks 1000-1002, 16 outputs): prefilled on P in
+    2^-7 + 48 * 2^-10 = 0.0546875 s, its 3 MiB land at 2^30 B/s 0.0029296875 s later, D
+    computes its last prompt token by 0.06640625 s and decodes 15 steps of 2^-7 s to
+    T = 0.18359375 s. Its closed-loop successor, request 2 (64 tokens, 48 cached on D:
+    eff_isl 16 < 64 and 16/64 < 0.7), arrives at T and is bypassed to D. Request 1 (32
+    tokens) arrives at 0.14453125 s and its leg ends on P at 0.14453125 + 2^-7 + 32 *
+    2^-10 = T too, so it is handed over to D at T.
+
+    The hand-over goes first (`clock.HANDOVER`, before ARRIVAL): D's plan at T starts
+    request 1's load (allocating its blocks, no seat) and admits request 2 (16 tokens,
+    first token at T + 2^-7 + 16 * 2^-10 = 0.20703125 s, done one decode later at
+    0.21484375 s). Request 1's 2 MiB land 2^21 / 2^30 = 2^-9 s later, at 0.185546875 s, polled
+    by the step planned at 0.20703125 s and applied at its end, 0.21484375 s; its last
+    prompt token then takes 2^-7 + 2^-10: first token at 0.2236328125 s.
+
+    Both had ARRIVAL priority before, so they went in the order their events were made,
+    that is in the order the steps ending at T had been scheduled: stepping scheduled P's
+    step (planned at 0.14453125 s) before D's last step (planned at 0.17578125 s), but
+    fast-forward planned D's whole decode run at 0.06640625 s. With fast-forward, request 2
+    was queued first and took D's only seat, request 1's load started only at 0.21484375 s
+    and its first token came at 0.2255859375 s."""
+    T = 0.18359375
+    trace = make_trace([0.0, 0.14453125, 0.0], [48, 32, 64], [16, 2, 2], [[1000, 1001, 1002], [], [1000, 1001, 1002, 1003]],
+                       after_id=np.array([-1, -1, 0]), delay_s=np.array([0.0, 0.0, 0.0]))
+    cluster = {"profile": {**DYADIC, "kv_bytes_per_token": 65536}, "num_gpu_blocks": 64,
+               "pools": [{"name": "p", "role": "prefill", "num_instances": 1},
+                         {"name": "d", "role": "decode", "num_instances": 1, "max_num_seqs": 1}],
+               "kv_transfer": {"bandwidth_bytes_s": 2.0**30, "latency_s": 0.0}}
+    router = {"policy": "dynamo_disagg",
+              "params": {"conditional_disagg": True, "eff_isl_threshold": 64, "decode_choice": "at_arrival"}}
+    fast, _ = run_both(trace, cluster=cluster, router=router)
+    r = fast.requests
+    assert r.finished_at[0] == T and r.arrived_at[2] == T and r.prefill_done_at[1] == T
+    assert np.isnan(r.kv_transfer_start_at[2])  # bypassed: prefilled on D
+    assert r.first_token_at[2] == T + 2**-7 + 16 * 2**-10 == 0.20703125
+    assert r.kv_transfer_start_at[1] == T
+    assert r.kv_transfer_s[1] == 32 * 65536 / 2**30 == 2**-9
+    assert r.first_token_at[1] == 0.20703125 + 2**-7 + 2**-7 + 2**-10 == 0.2236328125

@@ -8,6 +8,13 @@ on bit-identical times. This is the only module that touches SimPy's event queue
 Priorities order events that share a timestamp; the order is part of the semantics:
 a step that ends at time t is committed (and the next one planned) before requests arriving
 at t are routed, and idle instances wake up only after every arrival at t is queued.
+Requests whose prefill leg ended at t join their decode queues (HANDOVER) after every step
+ending at t and before the arrivals at t: the hand-over is part of the prefill step's end,
+deferred only until all steps ending at t have planned. Sharing ARRIVAL's priority, a
+hand-over and an arrival at the same instant (a closed-loop successor released by a step
+ending at t) would go in the order their events were created, that is in the order the
+steps ending at t happened to be scheduled, which differs between fast-forwarded runs and
+one-by-one stepping.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ from typing import Any
 import simpy
 
 STEP_END = 0
-ARRIVAL = 1
-WAKE = 2
-SAMPLE = 3
+HANDOVER = 1
+ARRIVAL = 2
+WAKE = 3
+SAMPLE = 4
 
 
 def schedule_at(

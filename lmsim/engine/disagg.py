@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
+from lmsim.engine.clock import ARRIVAL, HANDOVER, SAMPLE, schedule_at
 from lmsim.engine.connector import attach_connector
 from lmsim.engine.instance import materialize_all
 from lmsim.engine.links import Channel, Transfer, TransferNetwork
@@ -198,14 +198,14 @@ class Disaggregation:
             self.policy.on_prefill_done(leg)
             h.state = HANDING
             if not self._handing:
-                schedule_at(self.env, now, ARRIVAL, self._hand_over)
+                schedule_at(self.env, now, HANDOVER, self._hand_over)
             self._handing.append(h)
 
     def _hand_over(self, _event: Any) -> None:
-        """The requests whose prefill ended now join their decode queues, like arrivals:
-        after every step that ends now has planned its successor (as a fast-forwarded run
-        sees it), and in request order, not in the order the prefill instances' steps
-        happened to end."""
+        """The requests whose prefill ended now join their decode queues: after every step
+        that ends now has planned its successor (as a fast-forwarded run sees it), before
+        the requests arriving now are routed (`clock.HANDOVER`), and in request order, not
+        in the order the prefill instances' steps happened to end."""
         handing, self._handing = sorted(self._handing, key=_by_request), []
         for h in handing:
             self._to_decode(h, self.env.now)
