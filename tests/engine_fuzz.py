@@ -31,7 +31,8 @@ Step times on the dyadic profiles are binary fractions and arrivals fall on mult
 2^-10 s, so arrivals, step ends, transfers and loads tie exactly: the orderings that
 fast-forward must reproduce.
 
-`tests/test_fuzz.py` runs a few hundred scenarios in CI; thousands on demand:
+`tests/test_fuzz.py` runs a few hundred scenarios in CI, and the sentinels saved in
+tests/fixtures/fuzz_sentinels/ (scenarios that exposed past defects); thousands on demand:
 
     LMSIM_FUZZ_SCENARIOS=5000 python -m pytest tests/test_fuzz.py -q
     python tests/engine_fuzz.py 5000 [--start S] [--category pd] [--save DIR]
