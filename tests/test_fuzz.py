@@ -94,6 +94,11 @@ SENTINELS = {
     #    random draw, seed 0).
     "pd_tiers_0": 3,
     "pd_tiers_44": 3,
+    #    a request preempted before its first token and admitted again with a larger hit
+    #    (bypassed to its decode instance, whose KV for the prefix landed meanwhile): the
+    #    floor took the first admission's hit (invariants `_best_hit`). Found on the merged
+    #    tree of issues 34 and 39: pd 398 of 300..1299, pd 60522 of a 5,000 campaign.
+    "pd_398": 3,
     # 4. A drain-limit cut loses the ended steps of a fast-forwarded run from num_steps and
     #    busy_fraction_<pool> (`Instance.record_ended_steps`): 61 of cut 0..199 (so also in
     #    the random draw); summary busy_fraction differs.

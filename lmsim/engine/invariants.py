@@ -159,7 +159,7 @@ def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float 
             return None
         # the leg's admission facts, folded into the request (disagg `_fold`)
         tiers = max(request.kv_hit_tokens_host, 0) + max(request.kv_hit_tokens_disk, 0)
-        hit = min((request.cached_tokens or 0) + tiers, request.input_tokens - 1)
+        hit = min(_best_hit(request) + tiers, request.input_tokens - 1)
         floor = least_prefill_time(sim, request.input_tokens - hit, hit, source)
         nbytes = int(handoffs.kv_transfer_bytes[rid])
         if nbytes > 0:
@@ -169,8 +169,17 @@ def _ttft_floor(sim: Simulation, request: Request, instance: Instance) -> float 
     if not isinstance(sim.pool_cost_models[instance.pool.name], LinearCostModel):
         return None
     # tokens a connector loaded were not computed here
-    skipped = min((request.cached_tokens or 0) + request.kv_external_blocks * bs, request.input_tokens - 1)
+    skipped = min(_best_hit(request) + request.kv_external_blocks * bs, request.input_tokens - 1)
     return least_prefill_time(sim, request.input_tokens - skipped, skipped, instance.pool)
+
+
+def _best_hit(request: Request) -> int:
+    """At most the prefix hit of the admission that produced the first token. `cached_tokens`
+    is the first admission's; a request preempted before its first token is admitted again
+    and may then hit more (a prefix another request has meanwhile computed or received), so
+    the sum of every admission's hit bounds it instead: a lower floor, still a floor."""
+    first = request.cached_tokens or 0
+    return max(first, request.lookup_hit_tokens) if request.num_preemptions else first
 
 
 def _check_handoff_stamps(sim: Simulation, request: Request, instance: Instance, step: int, now: float) -> None:
