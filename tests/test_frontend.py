@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import make_config, make_trace, simulate
 from lmsim.config import validate
 from lmsim.errors import ConfigError
 from lmsim.workload.ladder import stage_meta
-from tests.conftest import make_config, make_trace, simulate
 
 FRONT = {"request_s": 0.1, "gateway_s": 0.05, "tokenize_s_per_token": 0.001, "stream_s": 0.02}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import make_config, make_trace, simulate
 from lmsim.engine.views import METRICS_PATHS, ViewAdapter
 from lmsim.errors import ConfigError
-from tests.conftest import make_config, make_trace, simulate
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from conftest import make_config, make_trace
 from lmsim.study.compose import build_simulation
 from lmsim.workload.trace import read_parquet
-from tests.conftest import make_config, make_trace
 
 
 def test_text_and_stage_survive_parquet_and_take(tmp_path):

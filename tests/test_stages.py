@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import make_trace, simulate
 from lmsim.engine.stages import StageBarrier, across_stages, stage_summary
 from lmsim.errors import ConfigError
 from lmsim.workload.ladder import Stage, ladder, parse_stages, stage_meta, stage_offsets
-from tests.conftest import make_trace, simulate
 
 
 def test_even_stage_is_evenly_spaced():
