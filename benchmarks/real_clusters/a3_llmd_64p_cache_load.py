@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,15 +86,10 @@ def main(argv=None) -> harness.Comparison:
     labels = [f"{rate:g}" for rate, _ in stages[1:]]
     real = real_table()
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
-    start = time.perf_counter()
-    sim, engine = harness.llmd_ladder(
-        CASE, routers, model="llama-3.1-70b", gpu="h100", tp=4, kv_tokens_per_pod=141_056, num_pods=4,
+    return harness.run_llmd_case(
+        CASE, routers, real, labels, "stages as the source ran them; the real TTFT carries a bottleneck the report does not describe",
+        model="llama-3.1-70b", gpu="h100", tp=4, kv_tokens_per_pod=141_056, num_pods=4,
         groups=100, per_group=2, system_len=3500, question_len=512, output_len=192, stages=stages, warmup=True)
-    comparison = harness.compare(CASE, real, sim, labels)
-    comparison.notes.append("stages as the source ran them; the real TTFT carries a bottleneck the report does not describe")
-    harness.report(comparison, time.perf_counter() - start)
-    harness.report_engine_state(CASE, engine)
-    return comparison
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,15 +78,10 @@ def main(argv=None) -> harness.Comparison:
     labels = [f"{rate:g}" for rate, _ in stages]
     real = real_table()
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
-    start = time.perf_counter()
-    sim, engine = harness.llmd_ladder(
-        CASE, routers, model="llama-3.1-70b", gpu="h100", tp=2, kv_tokens_per_pod=40_000, num_pods=4,
+    return harness.run_llmd_case(
+        CASE, routers, real, labels, "stages as the source ran them; KV 40,000 tokens per pod as stated ('40k')",
+        model="llama-3.1-70b", gpu="h100", tp=2, kv_tokens_per_pod=40_000, num_pods=4,
         groups=60, per_group=1, system_len=3500, question_len=256, output_len=20, stages=stages, warmup=False)
-    comparison = harness.compare(CASE, real, sim, labels)
-    comparison.notes.append("stages as the source ran them; KV 40,000 tokens per pod as stated ('40k')")
-    harness.report(comparison, time.perf_counter() - start)
-    harness.report_engine_state(CASE, engine)
-    return comparison
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -401,3 +402,16 @@ def report_engine_state(case: str, tables: dict[str, pd.DataFrame], write: bool 
         RESULTS_DIR.mkdir(exist_ok=True)
         (RESULTS_DIR / f"{case}-engine.md").write_text(text)
     return text
+
+
+def run_llmd_case(case: str, routers: dict, real: Any, labels: list[str], note: str, **ladder: Any) -> Any:
+    """An llm-d ladder case end to end: replay (`llmd_ladder`), compare with the real rows,
+    print the report and the per-stage engine state; the comparison for run_all."""
+    start = time.perf_counter()
+    sim, engine = llmd_ladder(case, routers, **ladder)
+    comparison = compare(case, real, sim, labels)
+    comparison.notes.append(note)
+    report(comparison, time.perf_counter() - start)
+    report_engine_state(case, engine)
+    return comparison
+
