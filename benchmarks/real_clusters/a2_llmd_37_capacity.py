@@ -50,7 +50,6 @@ block size 16, seed 0, the report's weights on lmsim's llmd_scorer before llmd_e
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -103,15 +102,9 @@ def check_against_points(real) -> None:
 
 
 def main(argv=None) -> harness.Comparison:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stages", type=int, default=len(STAGES), help="run the first N stages (warm-up included)")
-    parser.add_argument("--routers", default=",".join(ROUTERS))
-    args = parser.parse_args(argv)
-    stages = STAGES[: args.stages]
-    routers = {name: ROUTERS[name] for name in args.routers.split(",")}
+    stages, routers, labels = harness.ladder_selection(argv, __doc__, STAGES, ROUTERS, warmup=True)
     real = real_table(STAGES)
     check_against_points(real)
-    labels = [f"{rate:g}" for rate, _ in stages[1:]]
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
     return harness.run_llmd_case(
         CASE, routers, real, labels, "stages as the source ran them, nothing scaled down",

@@ -25,7 +25,6 @@ does not describe dominates it. lmsim has no such bottleneck; the misses below a
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -77,13 +76,7 @@ def real_table():
 
 
 def main(argv=None) -> harness.Comparison:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stages", type=int, default=len(STAGES), help="run the first N stages (warm-up included)")
-    parser.add_argument("--routers", default=",".join(ROUTERS))
-    args = parser.parse_args(argv)
-    stages = STAGES[: args.stages]
-    routers = {name: ROUTERS[name] for name in args.routers.split(",")}
-    labels = [f"{rate:g}" for rate, _ in stages[1:]]
+    stages, routers, labels = harness.ladder_selection(argv, __doc__, STAGES, ROUTERS, warmup=True)
     real = real_table()
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
     return harness.run_llmd_case(

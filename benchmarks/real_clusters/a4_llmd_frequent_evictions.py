@@ -22,7 +22,6 @@ gains under thrashing (the real precise gains ~10% over the rest).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -69,13 +68,7 @@ def real_table():
 
 
 def main(argv=None) -> harness.Comparison:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stages", type=int, default=len(STAGES))
-    parser.add_argument("--routers", default=",".join(ROUTERS))
-    args = parser.parse_args(argv)
-    stages = STAGES[: args.stages]
-    routers = {name: ROUTERS[name] for name in args.routers.split(",")}
-    labels = [f"{rate:g}" for rate, _ in stages]
+    stages, routers, labels = harness.ladder_selection(argv, __doc__, STAGES, ROUTERS, warmup=False)
     real = real_table()
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
     return harness.run_llmd_case(

@@ -21,6 +21,7 @@ throughput within 15% and unsaturated TTFT within 30%.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -414,4 +415,20 @@ def run_llmd_case(case: str, routers: dict, real: Any, labels: list[str], note: 
     report(comparison, time.perf_counter() - start)
     report_engine_state(case, engine)
     return comparison
+
+
+def ladder_selection(argv: Any, doc: str, stages: Sequence[tuple[float, float]], routers: dict, *,
+                     warmup: bool) -> tuple[list, dict, list[str]]:
+    """An llm-d ladder case's command line (`--stages N`, `--routers a,b`): the stages and
+    routers to run, and the labels of the stages compared (the warm-up stage, when there is
+    one, is run but not compared)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--stages", type=int, default=len(stages),
+                        help="run the first N stages" + (" (warm-up included)" if warmup else ""))
+    parser.add_argument("--routers", default=",".join(routers))
+    args = parser.parse_args(argv)
+    chosen = list(stages[: args.stages])
+    picked = {name: routers[name] for name in args.routers.split(",")}
+    labels = [f"{rate:g}" for rate, _ in chosen[1 if warmup else 0:]]
+    return chosen, picked, labels
 
