@@ -66,6 +66,24 @@ class SampleConfig(_Strict):
     complement: bool = Field(False, description="keep exactly the rows the draw drops")
 
 
+class RateSegment(_Strict):
+    at_s: float = Field(ge=0, description="segment start, seconds of the output timeline")
+    multiplier: float = Field(gt=0, description="arrival rate relative to the workload's own (time_scale of the segment)")
+
+
+class RateScheduleConfig(_Strict):
+    """Time-varying traffic over any generator or trace (lmsim.workload.rate_schedule)."""
+
+    shape: Literal["piecewise", "linear", "diurnal"] = Field(
+        "piecewise", description="piecewise-constant or linearly interpolated segments, or a diurnal curve"
+    )
+    segments: list[RateSegment] | None = Field(None, description="piecewise/linear: rate multiplier from at_s on")
+    period_s: float | None = Field(None, gt=0, description="diurnal: the length of one day on the output timeline")
+    peak_at_s: float | None = Field(None, ge=0, description="diurnal: when the rate peaks")
+    low: float | None = Field(None, gt=0, description="diurnal: trough multiplier")
+    high: float | None = Field(None, gt=0, description="diurnal: peak multiplier")
+
+
 class WorkloadConfig(_Strict):
     trace: str | None = Field(None, description="trace file (canonical Parquet or raw format)")
     format: str | FormatConfig | None = Field(
@@ -86,6 +104,9 @@ class WorkloadConfig(_Strict):
     rate: float | None = Field(None, gt=0, description="time-scale to this mean rate (req/s)")
     load: float | None = Field(
         None, gt=0, description="time-scale to this fraction of measured cluster capacity"
+    )
+    rate_schedule: RateScheduleConfig | None = Field(
+        None, description="time-varying rate over the (scaled) workload; absent: as it is"
     )
 
     @property
@@ -509,6 +530,65 @@ class CapacityConfig(_Strict):
     )
 
 
+class FleetPoolConfig(_Strict):
+    min_replicas: int | None = Field(None, ge=0, description="fewest instances the scaler may keep")
+    max_replicas: int | None = Field(None, gt=0, description="most instances (all are allocated up front)")
+    startup_s: float | None = Field(None, ge=0, description="model load until ready (default: weight bytes / load bandwidth + engine init)")
+    warmup_s: float | None = Field(None, ge=0, description="after loading, before the router sees it")
+    gpus_per_instance: int | None = Field(None, gt=0, description="GPUs one instance holds (cost); default 1")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FleetPoolConfig:
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class FleetConfig(_Strict):
+    """Instances joining and leaving during a run (lmsim.engine.fleet)."""
+
+    pools: dict[str, FleetPoolConfig] = Field(
+        default_factory=dict, description="per pool name ('default' without cluster.pools)"
+    )
+    startup_s: float | None = Field(None, ge=0, description="every pool's start-up time unless the pool sets one")
+    load_bandwidth_bytes_s: float = Field(
+        2.0e9, gt=0, description="weights read from storage to GPU when no start-up time is set, bytes/s"
+    )
+    engine_init_s: float = Field(30.0, ge=0, description="engine start beside the weight load (CUDA graphs, KV pool), s")
+    warmup_s: float = Field(0.0, ge=0, description="after loading, before the router sees an instance, s")
+    detection_delay_s: float = Field(5.0, ge=0, description="health-check delay before the router stops sending to a crashed instance, s")
+    drain_timeout_s: float | None = Field(None, gt=0, description="a draining instance hands back what it still holds after this; None: never")
+
+
+class AutoscalerConfig(_Strict):
+    name: str = Field(description="registered autoscaler (hpa, sla_planner, schedule)")
+    params: dict[str, Any] = Field(default_factory=dict, description="autoscaler constructor args")
+    interval_s: float = Field(60.0, gt=0, description="adjustment interval, s")
+    metrics_delay_s: float = Field(0.0, ge=0, description="age of the scraped metrics a decision reads, s")
+
+
+class CrashConfig(_Strict):
+    time_s: float = Field(ge=0, description="when the instance crashes")
+    instance: int = Field(ge=0, description="global instance id")
+
+
+class FaultsConfig(_Strict):
+    crashes: list[CrashConfig] = Field(default_factory=list, description="crashes at given times")
+    mtbf_s: float | None = Field(None, gt=0, description="mean time between failures of each instance (Poisson)")
+    seed: int = Field(0, ge=0, description="seed of the Poisson crash draws")
+    restart_s: float | None = Field(None, ge=0, description="a crashed instance restarts after this (plus start-up); None: stays down")
+    in_flight: Literal["retry", "fail"] = Field("retry", description="what happens to a crashed instance's requests")
+    retry_after_s: float = Field(0.0, ge=0, description="client timeout before a lost request is sent again, s")
+    max_retries: int = Field(1, ge=0, description="resubmissions of one request before it fails")
+
+
+class CostConfig(_Strict):
+    gpu_price_per_hour: dict[str, float] = Field(
+        default_factory=dict, description="USD per GPU-hour by GPU key (h20, h100, ...); default: shipped prices"
+    )
+    window_s: float = Field(60.0, gt=0, description="window of SLO attainment and per-window latency")
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     description: str = ""
@@ -522,6 +602,10 @@ class ExperimentConfig(_Strict):
     )
     output: OutputConfig = OutputConfig()
     capacity: CapacityConfig = CapacityConfig()
+    fleet: FleetConfig | None = Field(None, description="instances joining and leaving (lifecycle); absent: a fixed fleet")
+    autoscaler: AutoscalerConfig | None = Field(None, description="the fleet's autoscaler; absent: none")
+    faults: FaultsConfig | None = Field(None, description="instance crashes; absent: none")
+    cost: CostConfig | None = Field(None, description="GPU prices and SLO windows; absent: shipped prices")
     # A sweep over an empty list would silently run nothing; a scalar is almost always a
     # forgotten pair of brackets.
     sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
@@ -544,8 +628,11 @@ class ExperimentConfig(_Strict):
         for key in _CLUSTER_SECTIONS_OMITTED_WHEN_UNSET:
             if out["cluster"].get(key) is None:
                 out["cluster"].pop(key, None)
-        if out.get("frontend") is None:  # unset: configs read as they did before it existed
-            out.pop("frontend", None)
+        for key in ("frontend", "fleet", "autoscaler", "faults", "cost"):
+            if out.get(key) is None:  # unset: configs read as they did before these existed
+                out.pop(key, None)
+        if out["workload"].get("rate_schedule") is None:
+            out["workload"].pop("rate_schedule", None)
         return out
 
     @property
