@@ -83,6 +83,30 @@ class RateScheduleConfig(_Strict):
     low: float | None = Field(None, gt=0, description="diurnal: trough multiplier")
     high: float | None = Field(None, gt=0, description="diurnal: peak multiplier")
 
+    @model_validator(mode="after")
+    def _shape_fields(self) -> RateScheduleConfig:
+        # A schedule missing its shape's fields would silently replay the workload as it is.
+        if self.shape == "diurnal":
+            missing = [k for k in ("period_s", "peak_at_s", "low", "high") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"shape diurnal needs {', '.join(missing)}")
+            if self.segments is not None:
+                raise ValueError("shape diurnal takes period_s/peak_at_s/low/high, not segments")
+            if self.low > self.high:  # type: ignore[operator]
+                raise ValueError(f"diurnal low {self.low} > high {self.high}")
+            return self
+        if not self.segments:
+            raise ValueError(f"shape {self.shape} needs segments (at_s, multiplier), the first at_s 0")
+        others = [k for k in ("period_s", "peak_at_s", "low", "high") if getattr(self, k) is not None]
+        if others:
+            raise ValueError(f"shape {self.shape} takes segments, not {', '.join(others)}")
+        if self.segments[0].at_s != 0:
+            raise ValueError(f"segments must start at at_s 0, the first is at {self.segments[0].at_s:g}")
+        for a, b in zip(self.segments, self.segments[1:]):
+            if b.at_s <= a.at_s:
+                raise ValueError(f"segments must be sorted by at_s with no repeats: {b.at_s:g} after {a.at_s:g}")
+        return self
+
 
 class WorkloadConfig(_Strict):
     trace: str | None = Field(None, description="trace file (canonical Parquet or raw format)")

@@ -44,7 +44,8 @@ def cmd_capacity(args: Any) -> int:
         raise ConfigError("capacity: give one experiment, or several with --bundle")
     args.experiment = args.experiment[0]
 
-    overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null"]
+    overrides = [*args.overrides, "workload.load=null", "workload.rate=null", "workload.time_scale=null",
+                 "workload.rate_schedule=null"]
     config, _ = load_experiment(args.experiment, overrides)
     experiment_dir = Path(args.experiment).resolve().parent
     trace = load_workload_trace(config, experiment_dir)

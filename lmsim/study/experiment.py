@@ -196,14 +196,24 @@ def shape_workload(
         )
         trace.meta["capacity_source"] = found.source
         if found.rate is None:
-            return trace
+            return _scheduled(trace, config)
         trace = time_scale(trace, w.load * found.rate / mean_rate(full))
         trace.meta.update({
             "capacity_source": found.source,
             "capacity_req_s": repr(found.rate),
             "load_rate_req_s": repr(w.load * found.rate),
         })  # fmt: skip
-    return trace
+    return _scheduled(trace, config)
+
+
+def _scheduled(trace: Trace, config: ExperimentConfig) -> Trace:
+    """The trace under `workload.rate_schedule`, applied last: the schedule's multipliers
+    are relative to the rate time_scale / rate / load set."""
+    if config.workload.rate_schedule is None:
+        return trace
+    from lmsim.workload.rate_schedule import apply_rate_schedule
+
+    return apply_rate_schedule(trace, config.workload.rate_schedule)
 
 
 def load_resolution(config: ExperimentConfig, trace: Trace) -> dict[str, Any]:
@@ -273,6 +283,8 @@ def capacity_trace(config: ExperimentConfig, experiment_dir: Path | None = None)
     sampling, before `limit` and any rescaling."""
     w = config.workload
     bare = config.model_copy(
-        update={"workload": w.model_copy(update={"limit": None, "load": None, "rate": None, "time_scale": None})}
+        update={"workload": w.model_copy(
+            update={"limit": None, "load": None, "rate": None, "time_scale": None, "rate_schedule": None}
+        )}
     )
     return load_workload_trace(bare, experiment_dir)
