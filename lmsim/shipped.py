@@ -9,6 +9,7 @@ command `lmsim capacity --bundle`, from a source checkout.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
@@ -58,3 +59,82 @@ def check_source_checkout(path: Path, command: str) -> None:
             f"{command}: {path} belongs to the installed lmsim package; run it from a source "
             "checkout (pip install -e .)"
         )
+
+
+# -- GPU prices -----------------------------------------------------------------------------
+
+GPU_PRICES = DATA_DIR / "hardware" / "gpu_prices.yaml"
+
+
+def shipped_gpu_prices() -> dict[str, dict]:
+    """GPU key -> its entry in `hardware/gpu_prices.yaml` (price, provider, URL, date, ...)."""
+    return dict(_read_gpu_prices())
+
+
+@lru_cache(maxsize=1)
+def _read_gpu_prices() -> dict[str, dict]:
+    import yaml
+
+    return (yaml.safe_load(GPU_PRICES.read_text()) or {}).get("prices") or {}
+
+
+def _price_entry(gpu_key: str) -> dict:
+    from lmsim.errors import ConfigError
+
+    prices = _read_gpu_prices()
+    entry = prices.get(gpu_key.lower())
+    if entry is None:
+        raise ConfigError(f"cost: no shipped price for GPU {gpu_key!r} (priced: {', '.join(sorted(prices))}); "
+                          f"set cost.gpu_price_per_hour: {{{gpu_key}: USD per GPU-hour}}")
+    return entry
+
+
+def gpu_price_per_hour(gpu_key: str) -> float:
+    """The shipped USD per GPU-hour of a GPU key (`h20`, `h100`, ...)."""
+    return float(_price_entry(gpu_key)["usd_per_gpu_hour"])
+
+
+def gpu_price_source(gpu_key: str) -> str:
+    """Where the shipped price comes from, on one line: provider, basis, product, URL, date."""
+    e = _price_entry(gpu_key)
+    return f"{e['provider']}, {e['basis']}, {e['product']}: {e['url']} ({e['date']})"
+
+
+def gpu_key(name: str | None) -> str | None:
+    """The shipped GPU key a GPU name means: a key itself (`h20`), a spec's name (`NVIDIA H20
+    96GB`), or a name holding a key as a word (`NVIDIA A100 80GB` -> a100; `h200` is not
+    `h20`). None when nothing matches."""
+    if not name:
+        return None
+    from lmsim.profile.hardware import load_gpu, shipped_gpus
+
+    keys = shipped_gpus()
+    text = str(name).strip().lower()
+    if text in keys:
+        return text
+    for key in keys:
+        if load_gpu(key).name.lower() == text:
+            return key
+    words = text.replace("-", " ").replace("_", " ").split()
+    return next((key for key in keys if key in words), None)
+
+
+def profile_gpu(profile: str | dict) -> tuple[str | None, int]:
+    """(GPU key, GPUs per instance) of a pool's profile: a shipped profile name
+    (`h20/qwen2-7b`: its folder names the GPU), a profile folder (its `hardware.gpu`), or an
+    inline profile (no GPU: None). GPUs per instance is the profile's tensor-parallel size."""
+    if isinstance(profile, dict):
+        return None, 1
+    import yaml
+
+    from lmsim.errors import LmsimError
+    from lmsim.profile.tables import resolve_profile
+
+    try:
+        meta = yaml.safe_load(resolve_profile(profile).read_text()) or {}
+    except (LmsimError, OSError, yaml.YAMLError):
+        meta = {}
+    tp = int((meta.get("parallel") or {}).get("tensor_parallel_size", 1) or 1)
+    head = str(profile).replace("\\", "/").split("/")[0]
+    key = gpu_key(head) or gpu_key((meta.get("hardware") or {}).get("gpu"))
+    return key, tp

@@ -13,7 +13,7 @@ from typing import Any
 
 from lmsim.cli.options import command_help
 
-KINDS = ("experiments", "profiles", "traces", "policies", "generators", "models", "gpus", "engines")
+KINDS = ("experiments", "profiles", "traces", "policies", "generators", "models", "gpus", "prices", "engines")
 
 
 def register_cli(subparsers: Any) -> None:
@@ -83,7 +83,7 @@ def _print_entries(entries: list[tuple[str, str]], name_width: int | None = None
 def cmd_list(args: argparse.Namespace) -> int:
     {"experiments": _list_experiments, "profiles": _list_profiles, "traces": _list_traces,
      "policies": _list_policies, "generators": _list_generators, "models": _list_models,
-     "gpus": _list_gpus, "engines": _list_engines}[args.what]()  # fmt: skip
+     "gpus": _list_gpus, "prices": _list_prices, "engines": _list_engines}[args.what]()  # fmt: skip
     return 0
 
 
@@ -229,6 +229,15 @@ def _list_gpus() -> None:
                              f"{gpu.hbm_bandwidth_bytes_s / 1e12:.2f} TB/s, {gpu.memory_gb_nominal:g} GB"))
     _print_entries(entries)
     print("(`lmsim profile new --gpu NAME`, or your own spec YAML with the same fields)")
+
+
+def _list_prices() -> None:
+    from lmsim.shipped import shipped_gpu_prices
+
+    _print_entries([(key, f"${float(e['usd_per_gpu_hour']):.2f} per GPU-hour, {e['basis']}: {e['provider']}, "
+                          f"{e['product']} ({e['date']}; {e['url']})")
+                    for key, e in sorted(shipped_gpu_prices().items())])  # fmt: skip
+    print("(`cost.gpu_price_per_hour: {h20: 1.2}` in an experiment overrides; sources: lmsim/data/hardware/gpu_prices.yaml)")
 
 
 def _list_engines() -> None:
