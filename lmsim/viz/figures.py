@@ -8,6 +8,9 @@ Kinds (seed figure in brackets):
   error    CDF of the relative error of the predicted TTFT (runs that logged predictions) [16]
   hotspot  per-minute class popularity x/x̄ vs cache coverage |M|/|M̄| with the alarm windows,
            and TTFT/TPOT over time per policy [21]
+  fleet    replicas per pool over time (active, provisioned) with the arrival rate, and P50/P99
+           TTFT/TPOT per window, scale decisions and crashes marked (lmsim.viz.fleet); by
+           default for runs with fleet events or a `cost:` section, on request for any run
   tiers    hit ratio at first admission (GPU; host + disk) and mean/P99 TTFT vs a swept KV
            tier capacity (`cluster.kv_tiers.host.capacity_gb`, ...; 0 = no tier), one line per
            policy: a capacity sweep, or a router ranking with and without a tier [issue 26]
@@ -54,7 +57,7 @@ from lmsim.viz.runs import SEED_KEY, PlotError, RunSet, as_text, short_key
 from lmsim.viz.style import VARIANT_LINESTYLES, policy_style
 from lmsim.viz.titles import policy_words
 
-KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers")
+KINDS = ("cdf", "rate", "param", "error", "hotspot", "tiers", "fleet")
 FORMATS = FIGURE_FORMATS
 FIGURES_DIR = "figures"
 SweepData = RunSet  # the name earlier callers use
@@ -636,10 +639,23 @@ def plot_tiers(data: RunSet) -> plt.Figure:
     return fig
 
 
+def _plot_fleet(data: RunSet) -> plt.Figure:
+    from lmsim.viz.fleet import plot_fleet
+
+    return plot_fleet(data)
+
+
+def _fleet_runs(data: RunSet) -> list[str]:
+    from lmsim.viz.fleet import fleet_runs
+
+    return fleet_runs(data)
+
+
 PLOTTERS: dict[str, Callable[..., plt.Figure]] = {
     "cdf": plot_cdf, "rate": plot_rate, "param": plot_param, "error": plot_error, "hotspot": plot_hotspot,
-    "tiers": plot_tiers,
+    "tiers": plot_tiers, "fleet": _plot_fleet,
 }  # fmt: skip
+
 
 
 def supported_kinds(data: RunSet) -> list[str]:
@@ -651,6 +667,7 @@ def supported_kinds(data: RunSet) -> list[str]:
         "error": lambda: _prediction_runs(data),
         "hotspot": lambda: _hotspot_runs(data),
         "tiers": lambda: tier_key(data),
+        "fleet": lambda: _fleet_runs(data),
     }
     for kind, check in checks.items():
         try:

@@ -143,6 +143,11 @@ def _section(paths: list[Path], title: str) -> str:
             b64 = base64.b64encode(drawn[kind].read_bytes()).decode()
             parts.append(f"<h3>{kind}</h3><img alt='{kind}' src='data:image/png;base64,{b64}'>")
     parts.append("<h3>summary</h3>" + _table(data))
+    from lmsim.viz.fleet import fleet_cost_html
+
+    fleet = fleet_cost_html(data)
+    if fleet is not None:
+        parts.append(fleet)
     parts.append("<h3>configuration shared by every run</h3>"
                  f"<pre>{html.escape(shared_config(data))}</pre>")  # fmt: skip
     spec = paths[0] / SPEC_FILE
