@@ -175,7 +175,10 @@ def fixed_fleet_intervals(config: dict[str, Any], end: float) -> pd.DataFrame:
     from lmsim.config import ClusterConfig
     from lmsim.shipped import gpu_key, profile_gpu
 
-    cluster = ClusterConfig.model_validate(config.get("cluster") or {})
+    raw = dict(config.get("cluster") or {})
+    if raw.get("pools"):
+        raw.pop("num_instances", None)  # a saved config dumps the default beside the pools
+    cluster = ClusterConfig.model_validate(raw)
     fleet_pools = ((config.get("fleet") or {}).get("pools")) or {}
     rows = []
     for spec in cluster.pool_specs():

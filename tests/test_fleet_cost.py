@@ -129,6 +129,21 @@ def test_tensor_parallel_profile_counts_its_gpus():
     assert got.totals["cost_usd"] == pytest.approx(4.0 * gpu_price_per_hour("a100"))
 
 
+def test_pools_of_a_saved_config_are_priced_by_their_own_gpu():
+    """A saved P/D config (num_instances dumped beside the pools): prefill 2 x h20, decode
+    3 x h100, 1800 s: 1 and 1.5 GPU-hours at their own prices."""
+    from lmsim.config import validate
+
+    saved = validate({"workload": {"generator": {"name": "chatbot"}}, "cluster": {"pools": [
+        {"name": "p", "role": "prefill", "num_instances": 2, "profile": "h20/qwen2-7b"},
+        {"name": "d", "role": "decode", "num_instances": 3, "profile": "h100/qwen2-7b"}]}},
+        where="test").to_dict()  # fmt: skip
+    got = compute_fleet_cost(requests_frame(), {"sim_time_s": 1800.0}, saved, None)
+    assert got.pools[["pool", "gpu", "gpu_hours"]].values.tolist() == [["p", "h20", 1.0], ["d", "h100", 1.5]]
+    want = 1.0 * gpu_price_per_hour("h20") + 1.5 * gpu_price_per_hour("h100")
+    assert got.totals["cost_usd"] == pytest.approx(want)
+
+
 def test_unknown_gpu_is_one_clear_line():
     config = {"cluster": {"num_instances": 1, "profile": {"kind": "linear", "step_base_s": 0.01}}}
     with pytest.raises(ConfigError, match=r"pool 'default' runs on GPU 'linear-profile', which has no shipped price; "
