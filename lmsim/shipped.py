@@ -102,8 +102,8 @@ def gpu_price_source(gpu_key: str) -> str:
 
 def gpu_key(name: str | None) -> str | None:
     """The shipped GPU key a GPU name means: a key itself (`h20`), a spec's name (`NVIDIA H20
-    96GB`), or a name holding a key as a word (`NVIDIA A100 80GB` -> a100; `h200` is not
-    `h20`). None when nothing matches."""
+    96GB`), or a name holding a key as a word (`NVIDIA A100 80GB` -> a100, a profile name
+    `h20/qwen2-7b` -> h20; `h200` is not `h20`). None when nothing matches."""
     if not name:
         return None
     from lmsim.profile.hardware import load_gpu, shipped_gpus
@@ -115,7 +115,7 @@ def gpu_key(name: str | None) -> str | None:
     for key in keys:
         if load_gpu(key).name.lower() == text:
             return key
-    words = text.replace("-", " ").replace("_", " ").split()
+    words = text.replace("-", " ").replace("_", " ").replace("/", " ").split()
     return next((key for key in keys if key in words), None)
 
 
