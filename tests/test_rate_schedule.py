@@ -153,3 +153,18 @@ def test_bad_schedules_are_one_line(schedule, message):
     with pytest.raises(ConfigError, match=message) as err:
         config(rate_schedule=schedule)
     assert "\n" not in str(err.value) and "workload.rate_schedule" in str(err.value)
+
+
+def test_validate_names_the_schedule_and_the_span_it_produced(tmp_path, capsys):
+    """50 requests a second apart (trace arrivals 0..49) under x2 from 0: arrivals over 0-24.5 s."""
+    import yaml
+
+    from lmsim.cli import main
+
+    steady(50).save(tmp_path / "t.parquet")
+    raw = {**BASE, "workload": {"trace": "t.parquet",
+                                "rate_schedule": {"shape": "piecewise", "segments": [{"at_s": 0, "multiplier": 2}]}}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["validate", str(tmp_path / "exp.yaml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "rate schedule piecewise x2 at 0 s: arrivals over 0-24.5 s"

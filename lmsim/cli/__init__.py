@@ -174,6 +174,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     load = describe_load(load_resolution(config, trace), config)
     if load:
         print(load)
+    if config.workload.rate_schedule is not None:
+        from lmsim.workload.rate_schedule import describe_schedule
+
+        print(describe_schedule(config.workload.rate_schedule, trace))
     return 0
 
 

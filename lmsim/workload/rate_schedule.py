@@ -169,3 +169,15 @@ def _invert_by_bisection(t: np.ndarray, schedule: RateScheduleConfig) -> np.ndar
         lo = np.where(below, mid, lo)
         hi = np.where(below, hi, mid)
     return 0.5 * (lo + hi)
+
+
+def describe_schedule(schedule: RateScheduleConfig, trace: Trace) -> str:
+    """One console line: the schedule and the span of the arrivals it produced."""
+    if schedule.shape == "diurnal":
+        what = (f"diurnal x{schedule.low:g}..x{schedule.high:g}, peak at {schedule.peak_at_s:g} s, "
+                f"period {schedule.period_s:g} s")  # fmt: skip
+    else:
+        points = ", ".join(f"x{s.multiplier:g} at {s.at_s:g} s" for s in schedule.segments or ())
+        what = f"{schedule.shape} {points}"
+    span = f"{trace.arrival_s[0]:.4g}-{trace.arrival_s[-1]:.4g} s" if len(trace) else "none"
+    return f"rate schedule {what}: arrivals over {span}"
