@@ -91,6 +91,17 @@ def test_diurnal_peaks_where_asked():
     assert at_trough.mean() == pytest.approx(0.1, rel=1e-3)
 
 
+def test_diurnal_is_dynamos_sinusoid_with_the_peak_mid_period():
+    """Dynamo's sin_synth.py: rate(t) = (min + max)/2 + (max - min)/2 sin(2 pi t / period - pi/2);
+    with min 5, max 10, period 10 it equals diurnal(low 5, high 10, peak 5): 5 at 0, 7.5 at
+    2.5, 10 at 5."""
+    s = diurnal(period_s=10.0, peak_at_s=5.0, low=5.0, high=10.0)
+    t = np.linspace(0, 30, 301)
+    dynamo = 7.5 + 2.5 * np.sin(2 * np.pi * t / 10 - np.pi / 2)
+    np.testing.assert_allclose(multiplier(t, s), dynamo, atol=1e-12)
+    np.testing.assert_allclose(multiplier(np.array([0.0, 2.5, 5.0]), s), [5.0, 7.5, 10.0], atol=1e-12)
+
+
 def test_warp_is_monotone_and_deterministic():
     rng = np.random.default_rng(3)
     t = np.sort(rng.exponential(1.0, 5000).cumsum())

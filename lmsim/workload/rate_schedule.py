@@ -24,7 +24,11 @@ Shapes:
   (the peak, at `peak_at_s` and every period after):
   m(T) = low + (high - low) * (1 + cos(2 pi (T - peak_at_s) / period_s)) / 2.
   Its mean over any whole period is (low + high) / 2, so a day of output time holds
-  period_s * (low + high) / 2 seconds of the scaled workload.
+  period_s * (low + high) / 2 seconds of the scaled workload. With peak_at_s =
+  period_s / 2 it is the curve of Dynamo's planner benchmark load, ai-dynamo/dynamo
+  benchmarks/sin_load_generator/sin_synth.py (README: request_rate(t) = (min + max) / 2 +
+  (max - min) / 2 * sin(2 pi t / period - pi / 2), the minimum at t = 0), as a multiplier
+  of any workload rather than a generator of its own.
 
 Closed-loop rows (`after_id` >= 0) keep their `delay_s`: it is a user's think time after
 the previous turn finished, a property of the user and not of the arrival process, so a
