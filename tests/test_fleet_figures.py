@@ -68,6 +68,7 @@ def test_fleet_figure_marks_scale_and_crash_and_counts_replicas(plain_run: Path,
     vertical = [tuple(np.unique(line.get_xdata())) for ax in fig.axes[:3] for line in ax.lines
                 if len(line.get_xdata()) == 2 and len(np.unique(line.get_xdata())) == 1]  # fmt: skip
     assert sorted(vertical) == [(5.0,)] * 3 + [(12.0,)] * 3
+    assert [t.get_text() for t in top.texts] == ["default→2"]
     plt.close(fig)
     assert main(["plot", str(run), "--kind", "fleet", "--format", "png"]) == 0
     assert (run / "figures" / "fleet.png").stat().st_size > 10_000

@@ -135,12 +135,19 @@ def _latency(ax: Any, windows: pd.DataFrame, window_s: float, metric: str, name:
 
 
 def _mark_events(axes: Any, events: pd.DataFrame) -> None:
-    """Dotted grey lines at scale decisions, red at crashes (labelled once, in panel a)."""
+    """Dotted grey lines at scale decisions, red at crashes (labelled once, in panel a);
+    a scale decision's target ("pool→n") is written at the top of panel a."""
+    kinds = events["event"].astype(str)
     for event, color, ls, label in (("scale", SCALE_COLOR, ":", "scale decision"), ("crash", CRASH_COLOR, "-", "crash")):
-        times = sorted(set(events.loc[events["event"].astype(str) == event, "time_s"].astype(float)))
+        times = sorted(set(events.loc[kinds == event, "time_s"].astype(float)))
         for ax in axes:
             for i, t in enumerate(times):
                 ax.axvline(t, color=color, ls=ls, lw=1, alpha=0.8, label=label if (i == 0 and ax is axes[0]) else None)
+    if "target" in events:
+        scale = events[(kinds == "scale") & events["target"].notna()]
+        for row in scale.itertuples():
+            axes[0].annotate(f"{row.pool}→{int(row.target)}", (float(row.time_s), 1.0), xycoords=("data", "axes fraction"),
+                             xytext=(2, -10), textcoords="offset points", fontsize=7, color=SCALE_COLOR)  # fmt: skip
 
 
 # -- the report's section ---------------------------------------------------------------------
