@@ -87,7 +87,7 @@ def draw_run(axes: Any, run_dir: Path, *, title: str | None = None) -> None:
         _mark_events(axes, events)
     lines, labels = axes[0].get_legend_handles_labels()
     more, more_labels = rate_axis.get_legend_handles_labels()
-    axes[0].legend(lines + more, labels + more_labels, fontsize=LEGEND_FONTSIZE, loc="upper left")
+    axes[0].legend(lines + more, labels + more_labels, fontsize=LEGEND_FONTSIZE, loc="upper left", ncol=2)
     for ax in axes[1:]:
         ax.legend(fontsize=LEGEND_FONTSIZE, loc="best")
     axes[0].set_title(f"(a) replicas per pool{f' — {title}' if title else ''}", fontsize=9)
@@ -136,7 +136,8 @@ def _latency(ax: Any, windows: pd.DataFrame, window_s: float, metric: str, name:
 
 def _mark_events(axes: Any, events: pd.DataFrame) -> None:
     """Dotted grey lines at scale decisions, red at crashes (labelled once, in panel a);
-    a scale decision's target ("pool→n") is written at the top of panel a."""
+    a scale decision's target ("pool→n") is written at the foot of panel a (the legend
+    holds its top)."""
     kinds = events["event"].astype(str)
     for event, color, ls, label in (("scale", SCALE_COLOR, ":", "scale decision"), ("crash", CRASH_COLOR, "-", "crash")):
         times = sorted(set(events.loc[kinds == event, "time_s"].astype(float)))
@@ -146,8 +147,8 @@ def _mark_events(axes: Any, events: pd.DataFrame) -> None:
     if "target" in events:
         scale = events[(kinds == "scale") & events["target"].notna()]
         for row in scale.itertuples():
-            axes[0].annotate(f"{row.pool}→{int(row.target)}", (float(row.time_s), 1.0), xycoords=("data", "axes fraction"),
-                             xytext=(2, -10), textcoords="offset points", fontsize=7, color=SCALE_COLOR)  # fmt: skip
+            axes[0].annotate(f"{row.pool}→{int(row.target)}", (float(row.time_s), 0.0), xycoords=("data", "axes fraction"),
+                             xytext=(2, 3), textcoords="offset points", fontsize=7, color=SCALE_COLOR)  # fmt: skip
 
 
 # -- the report's section ---------------------------------------------------------------------
