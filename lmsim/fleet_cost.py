@@ -173,7 +173,7 @@ def provisioned_intervals(events: pd.DataFrame, end: float) -> pd.DataFrame:
 def fixed_fleet_intervals(config: dict[str, Any], end: float) -> pd.DataFrame:
     """Every instance of every pool over [0, end] (a run without fleet events)."""
     from lmsim.config import ClusterConfig
-    from lmsim.shipped import gpu_key, profile_gpu
+    from lmsim.profile.hardware import gpu_key, profile_gpu
 
     raw = dict(config.get("cluster") or {})
     if raw.get("pools"):
@@ -199,7 +199,8 @@ def _unnamed_gpu(profile: Any) -> str:
 
 
 def _priced_pools(intervals: pd.DataFrame, overrides: dict[str, float]) -> pd.DataFrame:
-    from lmsim.shipped import gpu_key, gpu_price_per_hour, gpu_price_source
+    from lmsim.profile.hardware import gpu_key
+    from lmsim.shipped import gpu_price_per_hour, gpu_price_source
 
     seconds = (intervals["end_s"] - intervals["start_s"]).clip(lower=0) * intervals["gpus"]
     per = (

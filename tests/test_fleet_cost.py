@@ -19,14 +19,8 @@ from lmsim.fleet_cost import (
     replica_timeline,
     window_stats,
 )
-from lmsim.profile.hardware import shipped_gpus
-from lmsim.shipped import (
-    gpu_key,
-    gpu_price_per_hour,
-    gpu_price_source,
-    profile_gpu,
-    shipped_gpu_prices,
-)
+from lmsim.profile.hardware import gpu_key, profile_gpu, shipped_gpus
+from lmsim.shipped import gpu_price_per_hour, gpu_price_source, shipped_gpu_prices
 
 
 def events(*rows, scale=()):

@@ -534,3 +534,44 @@ def shard(model: ModelSpec, tp: int, *, where: str = "--tp") -> ModelSpec:
     replicated_kv = (rank.kv_heads * tp - model.kv_heads) * 2 * h * model.head_dim * model.layers
     per_rank = (params - norms) / tp + norms + replicated_kv / tp
     return replace(rank, weight_bytes=int(2 * per_rank))
+
+
+# -- which GPU a name or profile means (pricing: lmsim.fleet_cost) ------------------------------
+
+
+def gpu_key(name: str | None) -> str | None:
+    """The shipped GPU key a GPU name means: a key itself (`h20`), a spec's name (`NVIDIA H20
+    96GB`), or a name holding a key as a word (`NVIDIA A100 80GB` -> a100, a profile name
+    `h20/qwen2-7b` -> h20; `h200` is not `h20`). None when nothing matches."""
+    if not name:
+        return None
+    keys = shipped_gpus()
+    text = str(name).strip().lower()
+    if text in keys:
+        return text
+    for key in keys:
+        if load_gpu(key).name.lower() == text:
+            return key
+    words = text.replace("-", " ").replace("_", " ").replace("/", " ").split()
+    return next((key for key in keys if key in words), None)
+
+
+def profile_gpu(profile: str | dict) -> tuple[str | None, int]:
+    """(GPU key, GPUs per instance) of a pool's profile: a shipped profile name
+    (`h20/qwen2-7b`: its folder names the GPU), a profile folder (its `hardware.gpu`), or an
+    inline profile (no GPU: None). GPUs per instance is the profile's tensor-parallel size."""
+    if isinstance(profile, dict):
+        return None, 1
+    import yaml
+
+    from lmsim.errors import LmsimError
+    from lmsim.profile.tables import resolve_profile
+
+    try:
+        meta = yaml.safe_load(resolve_profile(profile).read_text()) or {}
+    except (LmsimError, OSError, yaml.YAMLError):
+        meta = {}
+    tp = int((meta.get("parallel") or {}).get("tensor_parallel_size", 1) or 1)
+    head = str(profile).replace("\\", "/").split("/")[0]
+    key = gpu_key(head) or gpu_key((meta.get("hardware") or {}).get("gpu"))
+    return key, tp
