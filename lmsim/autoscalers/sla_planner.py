@@ -416,20 +416,25 @@ def fit_pair_under_ceiling(
         gpus,
         floors,
     )
-    if max_gpus < 0 or p_gpu <= 0 or d_gpu <= 0:
+    if p_gpu <= 0 or d_gpu <= 0:
         return proposed
-    if prop_p >= min_p and prop_d >= min_d and prop_p * p_gpu + prop_d * d_gpu <= max_gpus:
+    fits = max_gpus < 0 or prop_p * p_gpu + prop_d * d_gpu <= max_gpus
+    if prop_p >= min_p and prop_d >= min_d and fits:
         return proposed
     opposing = (prop_p < cur_p and prop_d > cur_d) or (prop_p > cur_p and prop_d < cur_d)
     want_p, want_d = abs(prop_p - cur_p), abs(prop_d - cur_d)
     p_low, d_low = max(min(cur_p, prop_p), min_p), max(min(cur_d, prop_d), min_d)
-    p_high = min(max(cur_p, prop_p), (max_gpus - d_low * d_gpu) // p_gpu)
-    d_high = min(max(cur_d, prop_d), (max_gpus - p_low * p_gpu) // d_gpu)
+    p_high, d_high = max(cur_p, prop_p), max(cur_d, prop_d)
+    if max_gpus >= 0:
+        p_high = min(p_high, (max_gpus - d_low * d_gpu) // p_gpu)
+        d_high = min(d_high, (max_gpus - p_low * p_gpu) // d_gpu)
     if p_low > p_high or d_low > d_high:
         return current
     best: tuple[tuple[int, ...], tuple[int, int]] | None = None
     for cand_p in range(p_low, p_high + 1):
-        lo, hi = d_low, min(d_high, (max_gpus - cand_p * p_gpu) // d_gpu)
+        lo, hi = d_low, d_high
+        if max_gpus >= 0:
+            hi = min(hi, (max_gpus - cand_p * p_gpu) // d_gpu)
         if opposing:
             if cand_p == cur_p:
                 if lo <= cur_d <= hi:
@@ -456,18 +461,27 @@ def fit_pair_under_ceiling(
     return current if best is None else best[1]
 
 
+def _clamp_single(desired: int, gpus: int, max_gpus: int, floor: int) -> int:
+    """budget.py `proportional_clamp_single` with no GPU floor (0 when even the floor
+    overshoots the ceiling: an infeasible configuration)."""
+    if max_gpus < 0 or gpus <= 0 or desired * gpus <= max_gpus:
+        return desired
+    if max_gpus < floor * gpus:
+        return 0
+    return max(floor, max_gpus // gpus)
+
+
 def fit_single_under_ceiling(
     current: int, proposed: int, gpus: int, max_gpus: int, floor: int
 ) -> int:
     """budget.py `guard_single_scaling_budget` with no GPU floor."""
-    if max_gpus < 0 or gpus <= 0:
+    if gpus <= 0:
         return proposed
-    cap = max(floor, max_gpus // gpus)
-    if current * gpus > max_gpus:
-        return cap
-    if current * gpus >= max_gpus and proposed > current:
+    if max_gpus >= 0 and current * gpus > max_gpus:
+        return _clamp_single(current, gpus, max_gpus, floor)
+    if max_gpus >= 0 and current * gpus >= max_gpus and proposed > current:
         return current
-    final = proposed if proposed * gpus <= max_gpus else cap
+    final = _clamp_single(proposed, gpus, max_gpus, floor)
     return final if min(current, proposed) <= final <= max(current, proposed) else current
 
 
