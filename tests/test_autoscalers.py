@@ -200,6 +200,8 @@ def test_hpa_starting_replicas_count_as_missing_metrics():
     # (2 + 2 x 4) / 4 = 2.5, ratio 0.625, ceil(0.625 x 4) = 3
     no_window = hpa(scale_down={"stabilization_window_s": 0})
     assert no_window.decide(observe(0, pool(num_running=2, **starting))) == {"default": 3}
+    # exactly on target (ratio 1): the missing pods are left out, the ratio stays 1, hold
+    assert no_window.decide(observe(0, pool(num_running=8, **starting))) == {"default": 4}
 
 
 def test_hpa_bounds_and_no_metrics():

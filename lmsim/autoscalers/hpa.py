@@ -250,15 +250,20 @@ class HorizontalPodAutoscaler(Autoscaler):
             if self._within(ratio):
                 return current
             return math.ceil(ratio * ready)
-        fill = self.target if ratio < 1.0 else 0.0
-        new_ratio = (total + missing * fill) / (ready + missing) / self.target
+        if ratio < 1.0:
+            counted, filled = ready + missing, total + missing * self.target
+        elif ratio > 1.0:
+            counted, filled = ready + missing, total
+        else:  # neither direction: the missing pods stay out of the average
+            counted, filled = ready, total
+        new_ratio = filled / counted / self.target
         if (
             self._within(new_ratio)
             or (ratio > 1.0 and new_ratio < 1.0)
             or (ratio < 1.0 and new_ratio > 1.0)
         ):
             return current
-        new_replicas = math.ceil(new_ratio * (ready + missing))
+        new_replicas = math.ceil(new_ratio * counted)
         if (new_ratio < 1.0 and new_replicas > current) or (
             new_ratio > 1.0 and new_replicas < current
         ):
