@@ -4,7 +4,9 @@ number is computed by hand in the test's docstring."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -567,3 +569,21 @@ def test_hpa_percent_scale_up_rounds_up():
     limit up so that small deployments can grow)."""
     scaler = hpa(scale_up={"policies": [{"type": "percent", "value": 50, "period_s": 15}]})
     assert scaler.decide(observe(0, pool(target=3, active=3, num_running=60))) == {"default": 5}
+
+
+PLANNER_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "against_dynamo_planner.py"
+
+
+def test_planner_pieces_match_dynamos_own_code(monkeypatch, capsys):
+    """benchmarks/against_dynamo_planner.py runs Dynamo 1.6.1's capacity search, GPU-ceiling
+    fit and Kalman predictor beside ours on the same inputs (18 capacity cases, 5000 budget
+    cases, 4 series): no mismatch. Skipped where the peer interpreter is not installed."""
+    monkeypatch.syspath_prepend(str(PLANNER_SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("against_dynamo_planner", PLANNER_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not module.peer_available(module.DEFAULT_PEER):
+        pytest.skip("needs the Dynamo peer interpreter")
+    assert module.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("mismatches     0") == 4, out
