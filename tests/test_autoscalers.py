@@ -334,7 +334,8 @@ def test_capacity_batch_sizes_matches_dynamo_sampling():
     """engine_query.py: all sizes up to 128, else 128 points 1 + k (max - 1) // 127."""
     assert capacity_batch_sizes(3) == [1, 2, 3]
     sizes = capacity_batch_sizes(1024)
-    assert len(sizes) == 128 and sizes[0] == 1 and sizes[-1] == 1024 and sizes[1] == 1 + 1023 // 127
+    assert len(sizes) == 128 and sizes[0] == 1 and sizes[-1] == 1024
+    assert sizes[1] == 9 and sizes[10] == 81  # 1 + 1023 // 127, 1 + 10230 // 127 (80.55 floored)
 
 
 def test_profiler_tables_match_dynamo_profiler_points():
