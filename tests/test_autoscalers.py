@@ -588,3 +588,38 @@ def test_planner_pieces_match_dynamos_own_code(monkeypatch, capsys):
     assert module.main([]) == 0
     out = capsys.readouterr().out
     assert out.count("mismatches     0") == 4, out
+
+
+def test_sla_planner_engine_limits_sources():
+    """The decode pool's KV capacity from `ctx.engine_limits` (20000 tokens: 19 sequences of
+    context 1050, 5.9655 req/s per engine, ceil(30 / 5.9655) = ceil(5.029) = 6 engines); the
+    `max_kv_tokens` param wins over it; with neither (the fleet hands PoolObservations as pool
+    facts) and a profile without memory facts, Dynamo's replay fallback of 16384 x 16 tokens
+    (no KV bound at this context: 34 sequences, 5 engines)."""
+
+    def planner(params, engine_limits=None):
+        scaler = AUTOSCALERS.create("sla_planner", params)
+        ctx = ScalerContext()
+        ctx.pools = {
+            "prefill": pool("prefill", role="prefill"),
+            "decode": pool("decode", role="decode"),
+        }
+        ctx.cost_models = {"prefill": PREFILL, "decode": DECODE}
+        ctx.interval_s = 60.0
+        if engine_limits is not None:
+            ctx.engine_limits = engine_limits
+        scaler.bind(ctx)
+        return scaler
+
+    limits = {"decode": {"max_kv_tokens": 20_000}}
+    assert planner({}, limits).decide(pd_observation(decode_active=1))["decode"] == 6
+    assert (
+        planner({"max_kv_tokens": 100_000}, limits).decide(pd_observation(decode_active=1))[
+            "decode"
+        ]
+        == 5
+    )
+    fallback = planner({})
+    assert fallback.performance["decode"].max_kv_tokens == 16384 * 16
+    assert fallback.performance["decode"].max_num_batched_tokens == 8192
+    assert fallback.decide(pd_observation(decode_active=1))["decode"] == 5

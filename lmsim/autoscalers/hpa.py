@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmsim.autoscalers import AUTOSCALERS
+from lmsim.autoscalers.base import AUTOSCALERS
 from lmsim.routing import check_choice, check_number
 from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation
 

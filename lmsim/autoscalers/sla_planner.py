@@ -93,7 +93,8 @@ from typing import Any
 
 import numpy as np
 
-from lmsim.autoscalers import AUTOSCALERS
+from lmsim.autoscalers.base import AUTOSCALERS
+from lmsim.config import ClusterConfig
 from lmsim.routing import check_bool, check_choice, check_number
 from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation, ScalerContext
 
@@ -104,9 +105,6 @@ DECODE_MAX_CONCURRENCY = 2000  # profiler/utils/defaults.py
 # replay/planner.py `_generate_ais_decode_fpms`: the KV capacity assumed when the engine
 # arguments give none.
 FALLBACK_MAX_KV_TOKENS = 16384 * 16
-# lmsim's engine defaults (ClusterConfig) where the pool does not say.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-DEFAULT_MAX_NUM_SEQS = 1024
 
 
 # -- load predictors ------------------------------------------------------------------------
@@ -627,24 +625,44 @@ class SlaPlanner(Autoscaler):
         else:
             self.agg_pool = pick("both", self._pool_names["agg"], "pool")
             managed = (self.agg_pool,)
-        self.performance = {
-            name: self._performance(name, ctx.pools[name], ctx.cost_models[name])
-            for name in managed
-        }
+        self.performance = {name: self._performance(ctx, name) for name in managed}
 
-    def _performance(self, name: str, facts: Any, cost_model: Any) -> EnginePerformance:
-        def limit(key: str, default: int) -> int:
-            value = self._limits[key] or _fact(facts, key)
-            return int(value) if value else default
+    def _performance(self, ctx: ScalerContext, name: str) -> EnginePerformance:
+        """The pool's engine limits: the params, else `ctx.engine_limits[pool]` (a mapping
+        of max_num_batched_tokens, max_num_seqs, max_kv_tokens), else the pool facts, else
+        lmsim's engine defaults; the KV capacity last from the cost model's memory facts at
+        the default block size and memory utilisation, then Dynamo's replay fallback."""
+        cost_model = ctx.cost_models[name]
+        sources = (
+            self._limits,
+            (getattr(ctx, "engine_limits", None) or {}).get(name) or {},
+            ctx.pools[name],
+        )
 
-        kv = self._limits["max_kv_tokens"] or _fact(facts, "max_kv_tokens")
-        if not kv and _fact(facts, "num_gpu_blocks") and _fact(facts, "block_size"):
-            kv = int(_fact(facts, "num_gpu_blocks")) * int(_fact(facts, "block_size"))
+        def limit(key: str) -> int | None:
+            for source in sources:
+                value = _fact(source, key)
+                if value:
+                    return int(value)
+            return None
+
+        kv = limit("max_kv_tokens")
+        if kv is None:
+            blocks, block_size = limit("num_gpu_blocks"), limit("block_size")
+            if blocks and block_size:
+                kv = blocks * block_size
+        if kv is None and hasattr(cost_model, "num_kv_blocks"):
+            block_size = ClusterConfig.model_fields["block_size"].default
+            utilisation = ClusterConfig.model_fields["gpu_memory_utilization"].default
+            blocks = cost_model.num_kv_blocks(block_size, utilisation)
+            kv = blocks * block_size if blocks else None
         return EnginePerformance(
             cost_model,
-            max_num_batched_tokens=limit("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            max_num_seqs=limit("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
-            max_kv_tokens=int(kv) if kv else FALLBACK_MAX_KV_TOKENS,
+            max_num_batched_tokens=limit("max_num_batched_tokens")
+            or ClusterConfig.model_fields["max_num_batched_tokens"].default,
+            max_num_seqs=limit("max_num_seqs")
+            or ClusterConfig.model_fields["max_num_seqs"].default,
+            max_kv_tokens=kv or FALLBACK_MAX_KV_TOKENS,
         )
 
     # -- one decision --------------------------------------------------------------------------
