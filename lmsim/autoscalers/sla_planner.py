@@ -64,6 +64,13 @@ Sources (the installed wheel, dynamo/planner and dynamo/profiler, version 1.6.1)
 * Current counts are the *ready* (active) instances, as the offline replay reports them
   (planner/offline/replay_adapter.py `_build_tick_input`: `ready_num_* = active_*_count`,
   no pending start-ups), and a decision equal to them is no decision (the target stays).
+* Traffic: the request count and mean ISL (and TTFT) of the pool requests enter (prefill,
+  or the only pool), the mean OSL (and ITL) of the pool they finish in; Dynamo reads all
+  from the frontend. Its replay averages ISL over the requests completed in the window
+  (replay_adapter.py `_merge_traffic`); lmsim's fleet averages it over those routed in it.
+* Engine limits (max_num_batched_tokens, max_num_seqs, KV tokens): the params, else the
+  scaler context's `engine_limits[pool]`, else lmsim's engine defaults and the profile's KV
+  pool, else Dynamo's replay fallback (replay/planner.py: 16384 x 16 KV tokens).
 
 Correction factors (`correction_factors: true`, off by default): 1.6.1 has none (observed
 TTFT/ITL reach only its diagnostics recorder); the 0.x planner
