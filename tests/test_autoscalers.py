@@ -218,8 +218,10 @@ def test_hpa_pools_param_selects_pools():
     scaler = hpa(pools=["a"])
     answer = scaler.decide(observe(0, pool("a", num_running=26), pool("b", num_running=26)))
     assert answer == {"a": 7}
+    ctx = ScalerContext()
+    ctx.pools = {"a": pool("a")}
     with pytest.raises(ValueError, match="param 'pools': no pool 'c'"):
-        hpa(pools=["c"]).decide(observe(0, pool("a")))
+        hpa(pools=["c"]).bind(ctx)
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ from typing import Any
 
 from lmsim.autoscalers.base import AUTOSCALERS
 from lmsim.routing import check_choice, check_number
-from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation
+from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation, ScalerContext
 
 METRICS = ("num_running", "num_waiting", "kv_usage", "request_rate")
 POLICY_TYPES = ("pods", "percent")
@@ -182,13 +182,15 @@ class HorizontalPodAutoscaler(Autoscaler):
         self.pools = None if pools is None else tuple(pools)
         self._state: dict[str, _PoolState] = {}
 
+    def bind(self, ctx: ScalerContext) -> None:
+        super().bind(ctx)
+        for name in self.pools or ():
+            if name not in ctx.pools:
+                raise ValueError(
+                    f"param 'pools': no pool {name!r} (pools: {', '.join(sorted(ctx.pools))})"
+                )
+
     def decide(self, observation: FleetObservation) -> dict[str, int]:
-        if self.pools is not None:
-            for name in self.pools:
-                if name not in observation.pools:
-                    raise ValueError(
-                        f"param 'pools': no pool {name!r} (pools: {', '.join(sorted(observation.pools))})"
-                    )
         names = self.pools if self.pools is not None else sorted(observation.pools)
         answer: dict[str, int] = {}
         for name in names:
