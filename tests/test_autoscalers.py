@@ -220,7 +220,9 @@ def test_hpa_pools_param_selects_pools():
     assert answer == {"a": 7}
     ctx = ScalerContext()
     ctx.pools = {"a": pool("a")}
-    with pytest.raises(ValueError, match="param 'pools': no pool 'c'"):
+    with pytest.raises(
+        ConfigError, match=r"^autoscaler\.params: autoscaler 'hpa': param 'pools': no pool 'c'"
+    ):
         hpa(pools=["c"]).bind(ctx)
 
 
@@ -553,13 +555,15 @@ def test_sla_planner_bad_params(params, message):
 
 
 def test_sla_planner_bad_pools_at_bind():
-    planner = SlaPlanner(prefill_pool="nope")
+    planner = AUTOSCALERS.create("sla_planner", {"prefill_pool": "nope"})
     ctx = ScalerContext()
     ctx.pools = {"p": {"role": "prefill"}, "d": {"role": "decode"}}
     ctx.cost_models = {"p": PREFILL, "d": DECODE}
-    with pytest.raises(ValueError, match="param 'prefill_pool': no pool 'nope'"):
+    with pytest.raises(
+        ConfigError, match="autoscaler 'sla_planner': param 'prefill_pool': no pool 'nope'"
+    ):
         planner.bind(ctx)
-    agg = SlaPlanner(correction_factors=True)
+    agg = AUTOSCALERS.create("sla_planner", {"correction_factors": True})
     ctx.pools = {"default": {"role": "both"}}
     with pytest.raises(
         ValueError, match="param 'correction_factors' needs prefill and decode pools"

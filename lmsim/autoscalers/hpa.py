@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsim.autoscalers.base import AUTOSCALERS
+from lmsim.autoscalers.errors import bind_error
 from lmsim.routing import check_choice, check_number
 from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation, ScalerContext
 
@@ -186,8 +187,8 @@ class HorizontalPodAutoscaler(Autoscaler):
         super().bind(ctx)
         for name in self.pools or ():
             if name not in ctx.pools:
-                raise ValueError(
-                    f"param 'pools': no pool {name!r} (pools: {', '.join(sorted(ctx.pools))})"
+                raise bind_error(
+                    self, f"param 'pools': no pool {name!r} (pools: {', '.join(sorted(ctx.pools))})"
                 )
 
     def decide(self, observation: FleetObservation) -> dict[str, int]:

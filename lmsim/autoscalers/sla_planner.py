@@ -101,6 +101,7 @@ from typing import Any
 import numpy as np
 
 from lmsim.autoscalers.base import AUTOSCALERS
+from lmsim.autoscalers.errors import bind_error
 from lmsim.config import ClusterConfig
 from lmsim.routing import check_bool, check_choice, check_number
 from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation, ScalerContext
@@ -606,14 +607,15 @@ class SlaPlanner(Autoscaler):
         def pick(role: str, given: str | None, param: str) -> str:
             if given is not None:
                 if given not in roles:
-                    raise ValueError(
-                        f"param {param!r}: no pool {given!r} (pools: {', '.join(roles)})"
+                    raise bind_error(
+                        self, f"param {param!r}: no pool {given!r} (pools: {', '.join(roles)})"
                     )
                 return given
             found = [name for name, r in roles.items() if r == role]
             if len(found) != 1:
-                raise ValueError(
-                    f"param {param!r} must name the {role} pool ({len(found)} pools have role {role}: {', '.join(roles)})"
+                raise bind_error(
+                    self,
+                    f"param {param!r} must name the {role} pool ({len(found)} pools have role {role}: {', '.join(roles)})",
                 )
             return found[0]
 
@@ -622,8 +624,9 @@ class SlaPlanner(Autoscaler):
             mode = "disagg" if any(r in ("prefill", "decode") for r in roles.values()) else "agg"
         self.resolved_mode = mode
         if mode == "agg" and self.correction_factors:
-            raise ValueError(
-                "param 'correction_factors' needs prefill and decode pools (the 0.x planner had no aggregated mode)"
+            raise bind_error(
+                self,
+                "param 'correction_factors' needs prefill and decode pools (the 0.x planner had no aggregated mode)",
             )
         if mode == "disagg":
             self.prefill_pool = pick("prefill", self._pool_names["prefill"], "prefill_pool")
