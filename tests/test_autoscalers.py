@@ -566,7 +566,7 @@ def test_sla_planner_bad_pools_at_bind():
     agg = AUTOSCALERS.create("sla_planner", {"correction_factors": True})
     ctx.pools = {"default": {"role": "both"}}
     with pytest.raises(
-        ValueError, match="param 'correction_factors' needs prefill and decode pools"
+        ConfigError, match="param 'correction_factors' needs prefill and decode pools"
     ):
         agg.bind(ctx)
 
