@@ -26,6 +26,16 @@ from lmsim.profile.base import LinearCostModel
 from lmsim.scaling import FleetObservation, PoolObservation, ScalerContext
 
 
+class Context(ScalerContext):
+    """A scaler context that keeps the events a scaler records."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def record_event(self, kind: str, **fields) -> None:
+        self.events.append({"kind": kind, **fields})
+
+
 def pool(name: str = "default", **fields) -> PoolObservation:
     base = dict(
         pool=name,
@@ -218,7 +228,7 @@ def test_hpa_pools_param_selects_pools():
     scaler = hpa(pools=["a"])
     answer = scaler.decide(observe(0, pool("a", num_running=26), pool("b", num_running=26)))
     assert answer == {"a": 7}
-    ctx = ScalerContext()
+    ctx = Context()
     ctx.pools = {"a": pool("a")}
     with pytest.raises(
         ConfigError, match=r"^autoscaler\.params: autoscaler 'hpa': param 'pools': no pool 'c'"
@@ -393,7 +403,7 @@ def test_kalman_predictor_matches_dynamo():
 
 def disagg_planner(**params) -> SlaPlanner:
     planner = AUTOSCALERS.create("sla_planner", params)
-    ctx = ScalerContext()
+    ctx = Context()
     ctx.pools = {
         "prefill": {"role": "prefill", "max_kv_tokens": 100_000},
         "decode": {"role": "decode", "max_kv_tokens": 100_000},
@@ -441,6 +451,15 @@ def test_sla_planner_disagg_replicas_by_hand():
         "prefill": 4,
         "decode": 5,
     }
+    event = planner.ctx.events[0]  # Dynamo's per-tick diagnostics, for router_events.parquet
+    assert (
+        event["kind"],
+        event["demand_rps"],
+        event["target_prefill"],
+        event["target_decode"],
+    ) == ("sla_planner", 30.0, 4, 5)
+    assert event["prefill_engine_rps"] == pytest.approx(4 / 0.41)
+    assert event["decode_engine_rps"] == pytest.approx(34 / 4.91)
     # the same counts ready already: no decision
     assert planner.decide(pd_observation(prefill_active=4, decode_active=5)) == {}
 
@@ -502,7 +521,7 @@ def test_sla_planner_aggregated_mode():
     """One pool of role `both` on the decode profile: 30 req/s over 34 / 4.944 = 6.877 req/s
     per engine (see the aggregated capacity test): ceil(4.362) = 5."""
     planner = AUTOSCALERS.create("sla_planner", {})
-    ctx = ScalerContext()
+    ctx = Context()
     ctx.pools = {"default": {"role": "both", "max_kv_tokens": 100_000}}
     ctx.cost_models = {"default": DECODE}
     ctx.interval_s = 60.0
@@ -556,7 +575,7 @@ def test_sla_planner_bad_params(params, message):
 
 def test_sla_planner_bad_pools_at_bind():
     planner = AUTOSCALERS.create("sla_planner", {"prefill_pool": "nope"})
-    ctx = ScalerContext()
+    ctx = Context()
     ctx.pools = {"p": {"role": "prefill"}, "d": {"role": "decode"}}
     ctx.cost_models = {"p": PREFILL, "d": DECODE}
     with pytest.raises(
@@ -605,7 +624,7 @@ def test_sla_planner_engine_limits_sources():
 
     def planner(params, engine_limits=None):
         scaler = AUTOSCALERS.create("sla_planner", params)
-        ctx = ScalerContext()
+        ctx = Context()
         ctx.pools = {
             "prefill": pool("prefill", role="prefill"),
             "decode": pool("decode", role="decode"),

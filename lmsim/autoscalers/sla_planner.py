@@ -784,8 +784,19 @@ class SlaPlanner(Autoscaler):
             "demand_rps": demand_rps,
         }
         if self.resolved_mode == "disagg":
-            return self._decide_disagg(observation, demand_rps, isl, osl)
-        return self._decide_agg(observation, demand_rps, isl, osl)
+            answer = self._decide_disagg(observation, demand_rps, isl, osl)
+        else:
+            answer = self._decide_agg(observation, demand_rps, isl, osl)
+        if self.correction_factors:
+            self.last_decision.update(
+                p_correction=self.p_correction, d_correction=self.d_correction
+            )
+        self.last_decision.update(
+            {f"target_{name}": count for name, count in sorted(answer.items())}
+        )
+        # what Dynamo's diagnostics report per tick, into the run's router_events.parquet
+        self.ctx.record_event("sla_planner", **self.last_decision)
+        return answer
 
     def _decide_disagg(
         self, observation: FleetObservation, demand_rps: float, isl: float, osl: float
