@@ -363,8 +363,9 @@ class _DecodeSide:
 class DisaggRouter(RouterBase):
     """The router of a disaggregated cluster: the policy names a (prefill, decode) pair."""
 
-    def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any) -> None:
+    def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any, fleet: Any = None) -> None:
         super().__init__(disagg.sim.instances, cluster, policy, adapter)
+        self.fleet = fleet
         self.disagg = disagg
         self.sim = disagg.sim
         disagg.policy = policy

@@ -196,6 +196,29 @@ class Instance:
     def cache(self):
         return self.scheduler.cache
 
+    def reset(self, scheduler: InstanceScheduler) -> None:
+        """The engine process is gone (a stop or a crash, lmsim.engine.fleet): the steps in
+        flight are dropped, and `scheduler` (fresh, empty) replaces the old one. The steps
+        of a fast-forwarded run that have ended by now are counted first, as stepping one
+        by one had committed them; the counters of work done carry over. Events of the
+        dropped steps find nothing to do (`_step_end` and `_due` check they are current)."""
+        self.record_ended_steps()
+        old = self.scheduler
+        scheduler.connector = old.connector
+        scheduler.num_outside_grid = old.num_outside_grid
+        scheduler.num_preemptions = old.num_preemptions
+        scheduler.cache.num_evictions = old.cache.num_evictions
+        self.scheduler = scheduler
+        self._inflight.clear()
+        self._due_event = None
+        self._host_free = -INF
+        self.next_boundary = INF
+        self.landed = []
+        self._empty_poll = -INF
+        self._idle_poll = False
+        self._kv_unstamped = []
+        self._receiving = False
+
     @property
     def is_busy(self) -> bool:
         return bool(self._inflight)
