@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from lmsim.autoscalers import AUTOSCALERS
+from lmsim.autoscalers.base import AUTOSCALERS
 from lmsim.scaling import Autoscaler, FleetObservation
 
 

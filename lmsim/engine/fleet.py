@@ -83,7 +83,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -95,9 +95,6 @@ from lmsim.engine.metrics import INSTANCE_CRASH, NO_INSTANCE, RETRIES_EXHAUSTED
 from lmsim.engine.request import Request
 from lmsim.errors import ConfigError
 from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation
-
-if TYPE_CHECKING:
-    from lmsim.engine.simulation import Simulation
 
 STOPPED, STARTING, WARMING, ACTIVE, DRAINING, FAILED = range(6)
 STATE_NAMES = ("stopped", "starting", "warming", "active", "draining", "failed")
@@ -272,7 +269,7 @@ class _Traffic:
 class Fleet:
     """The lifecycle controller of one simulation (see the module docstring)."""
 
-    def __init__(self, sim: Simulation, plans: list[PoolPlan], autoscaler: Autoscaler | None) -> None:
+    def __init__(self, sim: Any, plans: list[PoolPlan], autoscaler: Autoscaler | None) -> None:
         self.sim = sim
         self.env = sim.env
         config = sim.config
