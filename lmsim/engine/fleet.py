@@ -493,7 +493,9 @@ class Fleet:
         if sim._kv_subscribers:
             for block_hash in sorted(old.cache.cached_hashes):
                 sim._publish_kv_event(i, block_hash, False, self.env.now)
-        instance.reset(sim.new_scheduler(i))
+        last_step = instance.reset(sim.new_scheduler(i))
+        if last_step > sim.last_activity_s:  # ended inside a fast-forwarded run: a step end stepping saw
+            sim.last_activity_s = last_step
         sim.cluster.rebind(i)
         return lost
 
