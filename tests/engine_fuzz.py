@@ -152,6 +152,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "scaling": ("colocated", "scaling"),
     "crashes": ("colocated", "crashes"),
     "fleet": ("colocated", "closed_loop", "scaling", "crashes"),
+    "pd_scaling": ("pd", "scaling"),
 }
 
 
@@ -382,7 +383,13 @@ def _pools_of(d: Draft) -> list[tuple[str, int]]:
 
 def _fleet_policy(d: Draft) -> None:
     """A policy that already routes a routable subset by position (the others key their
-    state by position until they key it by instance id: FLEET_DESIGN.md)."""
+    state by position until they key it by instance id: FLEET_DESIGN.md); a P/D policy
+    keeps its family and composes such sides."""
+    if d.router.get("policy") in ("pd", "dynamo_disagg", "llmd_pd"):
+        if d.router["policy"] == "pd":
+            d.router["params"].update(prefill_policy=d.rng.choice(FLEET_POLICIES),
+                                      decode_policy=d.rng.choice(FLEET_POLICIES))
+        return
     d.router["policy"] = d.rng.choice(FLEET_POLICIES)
     d.router["params"] = {}
 
@@ -407,7 +414,8 @@ def _scaling(d: Draft) -> None:
         times = sorted({r.randint(0, 2048) * quantum for _ in range(r.randint(1, 4))})
         replicas[name] = [[t, r.randint(0, high)] for t in times]
     fleet["pools"] = pools
-    if r.random() < 0.4:
+    disaggregated = any(p.get("role", "both") != "both" for p in d.cluster.get("pools", []))
+    if r.random() < 0.4 and not disaggregated:  # P/D: no hand-back yet (lmsim.engine.fleet)
         fleet["drain_timeout_s"] = r.choice([quantum, 16 * quantum, 256 * quantum])
     d.sections["autoscaler"] = {
         "name": "schedule", "interval_s": r.choice([16 * quantum, 128 * quantum, 256 * quantum]),

@@ -224,3 +224,42 @@ def test_fleet_events_are_saved_and_read_back(tmp_path):
     assert back.fleet_events.equals(r.fleet_events)
     assert list(back.requests["end_reason"]) == list(r.requests["end_reason"])
     assert not math.isnan(back.summary["fleet"]["gpu_seconds"])
+
+
+def _pd_sides_route_subsets() -> bool:
+    import lmsim.policies.disagg as disagg
+
+    return hasattr(disagg, "LocalView")
+
+
+@pytest.mark.skipif(not _pd_sides_route_subsets(), reason="P/D sides over a routable subset come with the policyids branch")
+def test_prefill_and_decode_pools_scale_on_their_own():
+    """P/D: prefill pool p (instance 0, one more allocated: 1), decode pool d (instances 2,
+    3). At t=1 the schedule asks p for 2 and d for 1: instance 1 starts (active at 1.0 +
+    1.0 = 2.0), decode instance 3 drains.
+
+    r1 (t=0.5, 32 tokens) was prefilled on 0 (0.010 + 0.032 = 0.042 s, done 0.542), its 2
+    blocks (32 tokens x 1000 B at 1e9 B/s = 32 us) landed on decode 3 at 0.542032, whose
+    next step computes the last prompt token (0.011 s): first token 0.553032, then 99
+    decodes of 0.0101 s: finished 1.552932, when instance 3 stops. r2 and r3 arrive
+    together at 2.5: the prefill side (fewest requests, first listed) puts r2 on 0 and r3 on
+    the new instance 1; both decode on 2, the only decode instance listed."""
+    pools = [{"name": "p", "role": "prefill", "num_instances": 1}, {"name": "d", "role": "decode", "num_instances": 2}]
+    trace = make_trace([0.0, 0.5, 2.5, 2.5], [32] * 4, [150, 100, 5, 5])
+    r = simulate(
+        trace,
+        cluster={"pools": pools, "kv_transfer": {"bandwidth_bytes_s": 1e9, "latency_s": 0.0},
+                 "profile": {"kind": "linear", "step_base_s": 0.010, "per_prefill_token_s": 0.001,
+                             "per_decode_seq_s": 0.0001, "kv_bytes_per_token": 1000}},
+        router={"policy": "pd", "params": {"prefill_policy": "vllm", "decode_policy": "vllm"}},
+        fleet={"pools": {"p": {"max_replicas": 2, "startup_s": 1.0}}},
+        autoscaler={"name": "schedule", "interval_s": 1.0, "params": {"replicas": {"p": [[1.0, 2]], "d": [[1.0, 1]]}}},
+    )
+    assert [(t, i, ev) for t, i, ev in _events(r) if t > 0 and i >= 0] == [
+        (1.0, 3, "drain"), (1.0, 1, "start"), (1.552932, 3, "stop"), (2.0, 1, "active"),
+    ]
+    r1 = _row(r, 1)
+    assert (r1["prefill_instance_id"], r1["instance_id"]) == (0, 3)
+    assert r1["finished_at"] == pytest.approx(1.552932)
+    assert [(_row(r, i)["prefill_instance_id"], _row(r, i)["instance_id"]) for i in (2, 3)] == [(0, 2), (1, 2)]
+    assert set(r.requests["status"]) == {"finished"}

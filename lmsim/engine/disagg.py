@@ -59,6 +59,7 @@ from lmsim.engine.clock import ARRIVAL, HANDOVER, SAMPLE, schedule_at
 from lmsim.engine.connector import attach_connector
 from lmsim.engine.instance import materialize_all
 from lmsim.engine.links import Channel, Transfer, TransferNetwork
+from lmsim.engine.metrics import NO_INSTANCE
 from lmsim.engine.request import Request
 from lmsim.engine.router import RouterBase
 from lmsim.errors import ConfigError
@@ -222,7 +223,7 @@ class Disaggregation:
         if h.decode_id is None:
             assert self.router is not None
             h.decode_id = self.router.choose_decode(client, now)
-        reason = sim.dispatch_problem(client, h.decode_id)
+        reason = NO_INSTANCE if h.decode_id is None else sim.dispatch_problem(client, h.decode_id)
         if reason is not None:
             del self.handoffs[client.request_id]
             if h.kv_held:
@@ -288,6 +289,8 @@ class Disaggregation:
         del self.handoffs[h.client.request_id]
         self.sim.instances[h.decode_id].external_ready(h.client)  # type: ignore[index]
         self.sim.instances[h.prefill_id].release_held(h.leg)
+        if self.sim.fleet is not None:  # a draining prefill instance stops once its KV is read
+            self.sim.fleet.maybe_drained(h.prefill_id)
 
 
 def _by_request(h: Handoff) -> int:
@@ -378,16 +381,30 @@ class DisaggRouter(RouterBase):
             raise RuntimeError(f"policy {self.policy.registry_name} chose invalid {what} instance {choice!r}")
         return int(choice)
 
+    def _listed(self) -> tuple[Any, set[int], set[int]]:
+        """The view the policy reads and the prefill and decode ids it may answer: every
+        instance, or under a changing fleet the routable ones (lmsim.engine.fleet; the
+        policy still answers global ids, its sides map their role-local positions)."""
+        view = self.view()
+        if self.fleet is None:
+            return view, self._prefill, self._decode
+        routable = set(self.fleet.routable)
+        return self.fleet.view(view), self._prefill & routable, self._decode & routable
+
     def route(self, request: Request, now: float) -> None:
         materialize_all(self.instances, now)
+        view, prefill_ids, decode_ids = self._listed()
+        if not (prefill_ids and decode_ids):  # a changing fleet with a role scaled to nothing
+            self.fleet.no_instance(request)
+            return
         started = time.perf_counter()
-        prefill, decode = self.policy.choose_pair(request, self.view())
+        prefill, decode = self.policy.choose_pair(request, view)
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
         if prefill is None and decode is None:
             raise RuntimeError(f"policy {self.policy.registry_name} chose neither a prefill nor a decode instance")
-        p = None if prefill is None else self._check(prefill, self._prefill, "prefill")
-        d = None if decode is None else self._check(decode, self._decode, "decode")
+        p = None if prefill is None else self._check(prefill, prefill_ids, "prefill")
+        d = None if decode is None else self._check(decode, decode_ids, "decode")
         request.routed_at = now
         request.instance_id = d
         if p is None:  # prefilled on its decode instance
@@ -402,14 +419,20 @@ class DisaggRouter(RouterBase):
             if where is not None and self.adapter is not None:
                 self.adapter.on_routed(request, where)
         self.policy.on_routed_pair(request, p, d)
+        if self.fleet is not None:
+            self.fleet.on_routed(request, d if d is not None else p)
 
-    def choose_decode(self, request: Request, now: float) -> int:
-        """`decode_choice: after_prefill`: the decode instance, now that the prefill is done."""
+    def choose_decode(self, request: Request, now: float) -> int | None:
+        """`decode_choice: after_prefill`: the decode instance, now that the prefill is done
+        (None: a changing fleet has no decode instance to offer)."""
         materialize_all(self.instances, now)
+        view, _prefill_ids, decode_ids = self._listed()
+        if not decode_ids:
+            return None
         started = time.perf_counter()
-        choice = self.policy.choose_decode(request, self.view())
+        choice = self.policy.choose_decode(request, view)
         self.decision_wall_s += time.perf_counter() - started
-        d = self._check(choice, self._decode, "decode")
+        d = self._check(choice, decode_ids, "decode")
         request.instance_id = d
         if self.adapter is not None:
             self.adapter.on_routed(request, d)

@@ -174,6 +174,11 @@ def plan_pools(config: ExperimentConfig, pools: list[PoolSpec], initial: list[in
                 raise ConfigError(
                     f"faults.crashes[{k}].instance: {crash.instance}: no such instance (the run has {total}, ids 0..{total - 1})"
                 )
+    if config.cluster.is_disaggregated:
+        if faults is not None:
+            raise ConfigError("faults: crashes in a disaggregated cluster are not supported yet")
+        if config.fleet is not None and config.fleet.drain_timeout_s is not None:
+            raise ConfigError("fleet.drain_timeout_s: not supported in a disaggregated cluster yet")
     restarts = faults is not None and faults.restart_s is not None
     plans = []
     for pool, n in zip(pools, initial):
@@ -367,6 +372,9 @@ class Fleet:
         s = instance.scheduler
         if s.running or s.waiting or s.loading:
             return False
+        disagg = self.sim.disagg
+        if disagg is not None and any(h.decode_id == i for h in disagg.handoffs.values()):
+            return False  # a request prefilling elsewhere will join its queue
         if not s.held:
             return True
         landed = {id(r) for _at, _kind, r in instance.landed}
