@@ -263,3 +263,66 @@ def test_prefill_and_decode_pools_scale_on_their_own():
     assert r1["finished_at"] == pytest.approx(1.552932)
     assert [(_row(r, i)["prefill_instance_id"], _row(r, i)["instance_id"]) for i in (2, 3)] == [(0, 2), (1, 2)]
     assert set(r.requests["status"]) == {"finished"}
+
+
+class _Watcher:
+    """An autoscaler that records what it is shown and asks for nothing."""
+
+    registry_name = "watcher"
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    def bind(self, ctx) -> None:
+        self.ctx = ctx
+
+    def decide(self, observation):
+        self.seen.append(observation)
+        return {}
+
+
+def test_the_scaler_reads_a_scrape_taken_metrics_delay_earlier():
+    """interval 1 s, metrics delay 0.5 s: decision n at n s reads the scrape of n - 0.5 s,
+    whose traffic is over (n - 1.5, n - 0.5].
+
+    r0 (t=0.1, 16 tokens, 2 outputs): first token 0.1 + 0.026 = 0.126 (TTFT 0.026), one
+    decode: done 0.1361 (ITL 0.0101). r1 (t=0.2, 32 tokens, 3 outputs): first token 0.2 +
+    0.042 = 0.242 (TTFT 0.042), done 0.2622 (ITL 0.0101). The scrape at 0.5 sees 2 requests
+    (rate 2/s), mean prompt (16 + 32)/2 = 24, mean output (2 + 3)/2 = 2.5, mean TTFT
+    (0.026 + 0.042)/2 = 0.034, ITL 0.0101; one active instance, idle. r2 (t=0.7, 16, 2)
+    is the traffic of the scrape at 1.5 (TTFT 0.026, output 2), read at 2.0; r3 at 2.2
+    keeps the run going until then."""
+    from lmsim.engine.simulation import Simulation
+    from lmsim.policies import POLICIES
+
+    trace = make_trace([0.1, 0.2, 0.7, 2.2], [16, 32, 16, 16], [2, 3, 2, 2])
+    config = make_config(fleet={}, autoscaler={"name": "schedule", "interval_s": 1.0, "metrics_delay_s": 0.5,
+                                               "params": {"replicas": {"default": [[0, 1]]}}})
+    watcher = _Watcher()
+    Simulation(config, trace, POLICIES.create("round_robin"), watcher).run()
+    assert [(o.time_s, o.scraped_at_s) for o in watcher.seen] == [(1.0, 0.5), (2.0, 1.5)]
+    first = watcher.seen[0].pools["default"]
+    assert (first.num_requests, first.request_rate, first.mean_input_tokens, first.mean_output_tokens) == (2, 2.0, 24.0, 2.5)
+    assert first.ttft_mean_s == pytest.approx(0.034) and first.itl_mean_s == pytest.approx(0.0101)
+    assert (first.active, first.starting, first.draining, first.failed, first.target) == (1, 0, 0, 0, 1)
+    assert (first.num_running, first.num_waiting, first.kv_usage) == (0, 0, 0.0)
+    assert (first.min_replicas, first.max_replicas, first.role, first.gpus_per_instance) == (1, 1, "both", 1)
+    second = watcher.seen[1].pools["default"]
+    assert (second.num_requests, second.mean_input_tokens, second.mean_output_tokens) == (1, 16.0, 2.0)
+    assert second.ttft_mean_s == pytest.approx(0.026)
+    assert set(watcher.ctx.pools) == {"default"} and watcher.ctx.interval_s == 1.0
+
+
+def test_the_schedule_scaler_answers_the_count_in_force():
+    """`replicas: {a: [[0, 4], [600, 8], [1800, 4]]}`: 4 from 0 s, 8 from 600 s, 4 again
+    from 1800 s; a pool whose first entry is later is left alone before it."""
+    from lmsim.autoscalers import AUTOSCALERS
+    from lmsim.errors import ConfigError
+    from lmsim.scaling import FleetObservation
+
+    scaler = AUTOSCALERS.create("schedule", {"replicas": {"a": [[0, 4], [600, 8], [1800, 4]], "b": [[100, 2]]}})
+    answers = [scaler.decide(FleetObservation(t, t, 60.0, {})) for t in (0.0, 60.0, 599.0, 600.0, 1799.9, 1800.0)]
+    assert answers == [{"a": 4}, {"a": 4, "b": 2}, {"a": 4, "b": 2}, {"a": 8, "b": 2}, {"a": 8, "b": 2}, {"a": 4, "b": 2}]
+    for bad in ({"a": [[5, 1], [5, 2]]}, {"a": [[-1, 1]]}, {"a": [[0, -1]]}, {"a": []}, {}):
+        with pytest.raises(ConfigError, match="autoscaler 'schedule'"):
+            AUTOSCALERS.create("schedule", {"replicas": bad})
