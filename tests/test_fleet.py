@@ -322,7 +322,7 @@ def test_the_schedule_scaler_answers_the_count_in_force():
 
     scaler = AUTOSCALERS.create("schedule", {"replicas": {"a": [[0, 4], [600, 8], [1800, 4]], "b": [[100, 2]]}})
     answers = [scaler.decide(FleetObservation(t, t, 60.0, {})) for t in (0.0, 60.0, 599.0, 600.0, 1799.9, 1800.0)]
-    assert answers == [{"a": 4}, {"a": 4, "b": 2}, {"a": 4, "b": 2}, {"a": 8, "b": 2}, {"a": 8, "b": 2}, {"a": 4, "b": 2}]
+    assert answers == [{"a": 4}, {"a": 4}, {"a": 4, "b": 2}, {"a": 8, "b": 2}, {"a": 8, "b": 2}, {"a": 4, "b": 2}]
     for bad in ({"a": [[5, 1], [5, 2]]}, {"a": [[-1, 1]]}, {"a": [[0, -1]]}, {"a": []}, {}):
         with pytest.raises(ConfigError, match="autoscaler 'schedule'"):
             AUTOSCALERS.create("schedule", {"replicas": bad})
