@@ -18,6 +18,10 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
   `resume_exceeds_kv_cache` (under `whole_prompt_watermark`, a request preempted after
   producing output whose prompt + outputs no longer fit in the pool beside the watermark;
   vLLM v0 marks it FINISHED_IGNORED when it next heads the waiting queue).
+* With a changing fleet (lmsim.engine.fleet) only: status `failed` (lost to a crash and not
+  sent again), reject reason `no_instance` (nothing routable), and the columns `retries`
+  (times sent again) and `end_reason` (`END_REASONS`: the reject reason, or
+  `instance_crash` / `retries_exhausted` for a failed request; null otherwise).
 * With lower KV tiers (lmsim.engine.kv_tiers), for requests admitted on an instance that has
   them (null otherwise): `kv_hit_tokens_host` and `kv_hit_tokens_disk`, the tokens found in
   host memory and on disk beyond the GPU hit (`cached_tokens`) at the first admission, and
