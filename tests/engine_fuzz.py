@@ -153,6 +153,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "crashes": ("colocated", "crashes"),
     "fleet": ("colocated", "closed_loop", "scaling", "crashes"),
     "pd_scaling": ("pd", "scaling"),
+    "pd_crashes": ("pd", "crashes"),
 }
 
 

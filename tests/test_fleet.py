@@ -326,3 +326,26 @@ def test_the_schedule_scaler_answers_the_count_in_force():
     for bad in ({"a": [[5, 1], [5, 2]]}, {"a": [[-1, 1]]}, {"a": [[0, -1]]}, {"a": []}, {}):
         with pytest.raises(ConfigError, match="autoscaler 'schedule'"):
             AUTOSCALERS.create("schedule", {"replicas": bad})
+
+
+@pytest.mark.skipif(not _pd_sides_route_subsets(), reason="P/D sides over a routable subset come with the policyids branch")
+def test_a_prefill_crash_sends_the_request_back_through_both_sides():
+    """P/D, prefill instances 0 and 1, decode instance 2; the crash of 0 is noticed at once
+    (detection 0). r0 (t=0, 200 tokens) is prefilling on 0 (the first listed) until 0.010 +
+    0.200 = 0.21 s; 0 crashes at 0.1: its leg is lost, the request is sent again at 0.15,
+    when only prefill instance 1 is listed: its leg is prefilled there, done at 0.15 + 0.21
+    = 0.36, and decoded on 2. One retry; the handoff records are the second attempt's."""
+    pools = [{"name": "p", "role": "prefill", "num_instances": 2}, {"name": "d", "role": "decode", "num_instances": 1}]
+    r = simulate(
+        make_trace([0.0], [200], [3]),
+        cluster={"pools": pools, "kv_transfer": {"bandwidth_bytes_s": 1e9, "latency_s": 0.0},
+                 "profile": {"kind": "linear", "step_base_s": 0.010, "per_prefill_token_s": 0.001,
+                             "per_decode_seq_s": 0.0001, "kv_bytes_per_token": 1000}},
+        router={"policy": "pd", "params": {"prefill_policy": "vllm", "decode_policy": "vllm"}},
+        fleet={"detection_delay_s": 0.0},
+        faults={"crashes": [{"time_s": 0.1, "instance": 0}], "retry_after_s": 0.05},
+    )
+    row = _row(r, 0)
+    assert (row["retries"], row["prefill_instance_id"], row["instance_id"]) == (1, 1, 2)
+    assert row["routed_at"] == pytest.approx(0.15) and row["prefill_done_at"] == pytest.approx(0.36)
+    assert row["status"] == "finished" and r.summary["fleet"]["num_crashes"] == 1

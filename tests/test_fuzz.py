@@ -57,12 +57,14 @@ REACHES = {
     "crashes": {"crash", "restart", "retry", "failed"},
     "fleet": {"scale up", "drain", "crash", "retry", "failed"},
     "pd_scaling": {"scale up", "drain", "drain stop", "kv transfer"},
+    "pd_crashes": {"crash", "retry", "failed", "kv transfer"},
 }
+PD_FLEET = ("pd_scaling", "pd_crashes")
 
 
 def _pd_sides_route_subsets() -> bool:
     """The P/D policies' sides see a routable subset of their role (the `policyids` branch,
-    FLEET_DESIGN.md "Routable subset"); before it, pd_scaling cannot run."""
+    FLEET_DESIGN.md "Routable subset"); before it, the P/D fleet categories cannot run."""
     import lmsim.policies.disagg as disagg
 
     return hasattr(disagg, "LocalView")
@@ -166,7 +168,7 @@ def fuzz(category: str, seeds: range) -> set[str]:
 
 @pytest.mark.parametrize("category", list(CATEGORIES))
 def test_fuzzed_scenarios_agree_hold_their_invariants_and_end(category: str) -> None:
-    if category == "pd_scaling" and not _pd_sides_route_subsets():
+    if category in PD_FLEET and not _pd_sides_route_subsets():
         pytest.skip("P/D sides over a routable subset come with the policyids branch")
     per_category = -(-SCENARIOS // len(CATEGORIES))
     covered = fuzz(category, range(START, START + per_category))
@@ -177,7 +179,7 @@ def test_fuzzed_scenarios_agree_hold_their_invariants_and_end(category: str) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("category", list(CATEGORIES))
 def test_thousands_of_fuzzed_scenarios(category: str) -> None:
-    if category == "pd_scaling" and not _pd_sides_route_subsets():
+    if category in PD_FLEET and not _pd_sides_route_subsets():
         pytest.skip("P/D sides over a routable subset come with the policyids branch")
     fuzz(category, range(100_000, 100_000 + 3000 // len(CATEGORIES)))
 

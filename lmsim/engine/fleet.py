@@ -48,6 +48,16 @@ with `fail` it ends `failed` at once (`instance_crash`). The router's policy hea
 request as finished (its stream ended with an error). A request that arrives (or is
 retried) when nothing is routable is rejected (`no_instance`).
 
+**P/D.** Each role scales on its own; the router lists each role's routable instances (the
+policy's sides see them under role-local ids). A prefill instance's crash loses the legs it
+was prefilling (their requests are retried or fail as above) and the KV it held: a request
+still waiting for that KV on its decode instance is prefilled there instead (vLLM's
+`kv_load_failure_policy: recompute`), a transfer already on its way completes (an
+approximation: the read would fail). A decode instance's crash loses its requests and frees
+the KV their prefill instances held; a request whose prefill ends after its decode
+instance (chosen at arrival) crashed is lost then. Drain timeouts are not supported under
+P/D yet (a ConfigError).
+
 **Drain.** A draining instance takes no new requests and stops once it holds none; after
 `fleet.drain_timeout_s` it hands what it still holds back through the router (each counts
 as a retry, never failing for it) and stops.
@@ -174,11 +184,8 @@ def plan_pools(config: ExperimentConfig, pools: list[PoolSpec], initial: list[in
                 raise ConfigError(
                     f"faults.crashes[{k}].instance: {crash.instance}: no such instance (the run has {total}, ids 0..{total - 1})"
                 )
-    if config.cluster.is_disaggregated:
-        if faults is not None:
-            raise ConfigError("faults: crashes in a disaggregated cluster are not supported yet")
-        if config.fleet is not None and config.fleet.drain_timeout_s is not None:
-            raise ConfigError("fleet.drain_timeout_s: not supported in a disaggregated cluster yet")
+    if config.cluster.is_disaggregated and config.fleet is not None and config.fleet.drain_timeout_s is not None:
+        raise ConfigError("fleet.drain_timeout_s: not supported in a disaggregated cluster yet")
     restarts = faults is not None and faults.restart_s is not None
     plans = []
     for pool, n in zip(pools, initial):
@@ -365,6 +372,10 @@ class Fleet:
             cached = self._view = (self.version, cluster.instances, RoutableView(cluster, self.routable))
         return cached[2]
 
+    def serves(self, i: int) -> bool:
+        """Instance i runs the requests it is given (active or draining)."""
+        return self.state[i] in (ACTIVE, DRAINING)
+
     def holds_nothing(self, i: int) -> bool:
         """No request on instance i, but finished prefill legs whose KV has been read (the
         read notification landed; the engine would free them at its next poll)."""
@@ -476,6 +487,8 @@ class Fleet:
         faults = self.faults
         if faults is not None and faults.restart_s is not None:
             self._later(i, faults.restart_s, self._restart)
+        if self.sim.disagg is not None:
+            lost = self.sim.disagg.on_crash(i, lost)
         for request in lost:
             self.lose(request)
 
@@ -515,6 +528,8 @@ class Fleet:
         sim.policy.on_finished(request)
         faults = self.faults
         rid = request.request_id
+        if sim.disagg is not None:
+            sim.disagg.forget(rid)
         if faults is None or faults.in_flight == "fail":
             sim.fail(request, INSTANCE_CRASH)
         elif self.retries.get(rid, 0) >= faults.max_retries:
