@@ -394,10 +394,12 @@ class Fleet:
     # -- transitions ---------------------------------------------------------------------
 
     def _later(self, i: int, delay: float, then: Callable[[int], None]) -> None:
+        """`then(i)` after `delay`, unless instance i moved on meanwhile or the run's work
+        is done (a start-up or restart due after the last request adds nothing)."""
         epoch = self.epoch[i]
 
         def fire(_event: Any) -> None:
-            if self.epoch[i] == epoch:
+            if self.epoch[i] == epoch and self.sim._work_remains():
                 then(i)
 
         schedule_at(self.env, self.env.now + delay, SAMPLE, fire)
