@@ -349,3 +349,30 @@ def test_a_prefill_crash_sends_the_request_back_through_both_sides():
     assert (row["retries"], row["prefill_instance_id"], row["instance_id"]) == (1, 1, 2)
     assert row["routed_at"] == pytest.approx(0.15) and row["prefill_done_at"] == pytest.approx(0.36)
     assert row["status"] == "finished" and r.summary["fleet"]["num_crashes"] == 1
+
+
+def test_a_crash_removes_the_instance_from_the_routers_replica_of_the_caches():
+    """`kv_view: events`: the router's replica of the caches learns instance 0's blocks from
+    its KV events, each published when the step that stored the block ends. r0 (t=0)
+    stores the 4-block prefix there in its prefill step, 0 -> 0.074 s. Instance 0 crashes
+    at 0.03, mid-step: every block it held is published removed, stamped no earlier than
+    its last published event (0.074), so the replica applies the removal after the stores
+    and at the end holds nothing on 0 (bit 0 of no entry). Stamped at the crash (0.03) the
+    removals would come first and the stores would leave the blocks listed on 0. r1 (t=2,
+    8 tokens) fills no block."""
+    trace = make_trace([0.0, 2.0], [64, 8], [2, 2], [PREFIX, []])
+    config = make_config(
+        cluster={"num_instances": 2}, router={"policy": "vllm", "view": {"kv_view": "events", "kv_event_delay_s": 0.0}},
+        fleet={"startup_s": 0.5}, faults={"crashes": [{"time_s": 0.03, "instance": 0}], "restart_s": 0.1},
+    )
+    sim = build_simulation(config, trace)
+    replica = sim.adapter.events
+    sim.run()
+    replica.catch_up(float("inf"))
+    assert not [h for h, mask in replica._holders.items() if mask & 1]
+    crashed = [ev for _t, i, ev in _events_of(sim) if i == 0]
+    assert crashed == ["active", "crash", "detected", "restart", "start", "active"]
+
+
+def _events_of(sim) -> list[tuple[float, int, str]]:
+    return [(t, i, ev) for t, i, _pool, _gpu, _gpus, ev, _target in sim.fleet.events]

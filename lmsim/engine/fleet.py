@@ -310,6 +310,13 @@ class Fleet:
                 self.state[i] = ACTIVE
                 self._event(i, "active")
         self._refresh_routable()
+        # The latest stamp of each instance's published KV events (when anyone listens): a
+        # stop or crash removes its blocks no earlier, so a replica of the caches applies
+        # the removal after every event of the old incarnation.
+        self._last_stamp = [-float("inf")] * n
+        for instance in sim.instances:
+            if instance.kv_sink is not None:
+                instance.kv_sink = self._stamped(instance.kv_sink)
         # The autoscaler and its scrapes.
         self.autoscaler = autoscaler
         scaler_cfg = config.autoscaler
@@ -350,6 +357,16 @@ class Fleet:
             self._next_random_crash(i, rng, at)
 
         schedule_at(self.env, at, SAMPLE, fire)
+
+    def _stamped(self, sink: Callable[[int, int, bool, float], None]) -> Callable[[int, int, bool, float], None]:
+        last = self._last_stamp
+
+        def publish(instance_id: int, block_hash: int, stored: bool, at: float) -> None:
+            if at > last[instance_id]:
+                last[instance_id] = at
+            sink(instance_id, block_hash, stored, at)
+
+        return publish
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -514,8 +531,9 @@ class Fleet:
         held = [r for r in old.held if id(r) not in landed]
         lost = sorted([*old.running, *old.waiting, *old.loading, *held], key=_by_id)
         if sim._kv_subscribers:
+            at = max(self.env.now, self._last_stamp[i])
             for block_hash in sorted(old.cache.cached_hashes):
-                sim._publish_kv_event(i, block_hash, False, self.env.now)
+                sim._publish_kv_event(i, block_hash, False, at)
         last_step = instance.reset(sim.new_scheduler(i))
         if last_step > sim.last_activity_s:  # ended inside a fast-forwarded run: a step end stepping saw
             sim.last_activity_s = last_step
