@@ -125,8 +125,9 @@ class Results:
             for rid, n in fleet.retries.items():
                 rec.retries[rid] = n
             requests["retries"] = rec.retries
-            names = np.array([None, *END_REASONS.values()], dtype=object)
-            requests["end_reason"] = names[rec.end_reason.astype(np.int64)]
+            requests["end_reason"] = pd.Categorical.from_codes(  # code 0: none (null)
+                rec.end_reason.astype(np.int64) - 1, categories=list(END_REASONS.values())
+            )
         instances = pd.DataFrame(
             rec.samples,
             columns=[

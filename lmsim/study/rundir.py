@@ -268,7 +268,7 @@ def requests_table(requests: pd.DataFrame) -> pa.Table:
             codes = col.cat.codes.to_numpy()
             labels = pa.array([str(v) for v in col.cat.categories], type=pa.string())
             columns[name] = labels.take(pa.array(codes, mask=codes < 0, type=pa.int64()))
-        elif name in ("status", "reject_reason"):  # runs read back from Parquet: plain strings
+        elif name in ("status", "reject_reason", "end_reason"):  # runs read back from Parquet: plain strings
             text = col.astype(object)
             columns[name] = pa.array([None if pd.isna(v) else str(v) for v in text], type=pa.string())
         elif name in NULLABLE_INT_COLUMNS:
