@@ -22,10 +22,12 @@ one at a time, is a livelock).
 
 What is drawn is a registry of dimensions (`DIMENSIONS`): each adds one feature to a
 scenario's draft (a mixed fleet, P/D disaggregation, KV tiers, asynchronous scheduling, a
-small KV pool, closed-loop sessions, a drain-limit cut). A category (`CATEGORIES`) names the
+small KV pool, closed-loop sessions, a drain-limit cut, instances started and drained by a
+`schedule` autoscaler, crashes with retries). A category (`CATEGORIES`) names the
 dimensions it combines; the seed picks the category (seed % number of categories) unless
-one is asked for. A new engine feature (instance joins, drains, crashes) is a new
-`@dimension` function and a category using it.
+one is asked for. A new engine feature is a new `@dimension` function and a category using
+it. The fleet categories (`scaling`, `crashes`, `fleet`) also compare `fleet_events` and
+accept a request that `failed` with its `end_reason`.
 
 Step times on the dyadic profiles are binary fractions and arrivals fall on multiples of
 2^-10 s, so arrivals, step ends, transfers and loads tie exactly: the orderings that
@@ -72,6 +74,9 @@ from lmsim.study.compose import build_simulation  # noqa: E402
 BLOCK = 16
 COLOCATED = sorted(colocated_policy_names())
 TIER_AWARE = ("dynamo", "llmd_scorer", "lmetric")
+# Policies that route a routable subset of the instances by position today (stateless per
+# instance); the others join once every policy keys its state by instance id.
+FLEET_POLICIES = ("vllm", "random", "least_tokens")
 _DYADIC = {"kind": "linear", "step_base_s": 2**-7, "per_prefill_token_s": 2**-10,
            "per_decode_seq_s": 0.0, "per_context_token_s": 0.0}
 # Symbolic profiles, resolved when a scenario is built (a saved scenario names no path).
@@ -112,6 +117,7 @@ class Draft:
     outputs: tuple[int, ...] = (10, 60, 200, 600)
     tiers: bool = False
     shared_prefixes: bool = False  # families of requests reuse prefixes (tiers hit)
+    sections: dict[str, Any] = field(default_factory=dict)  # fleet, autoscaler, faults
 
     @property
     def dyadic(self) -> bool:
@@ -143,6 +149,11 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "preempt": ("small_pool", "single"),
     "closed": ("closed_loop", "single"),
     "cut": ("any_topology", "drain_cut"),
+    "scaling": ("colocated", "scaling"),
+    "crashes": ("colocated", "crashes"),
+    "fleet": ("colocated", "closed_loop", "scaling", "crashes"),
+    "pd_scaling": ("pd", "scaling"),
+    "pd_crashes": ("pd", "crashes"),
 }
 
 
@@ -359,6 +370,89 @@ def _any_topology(d: Draft) -> None:
     DIMENSIONS[d.rng.choice(["single", "single", "mixed", "pd"])](d)
 
 
+@dimension("colocated")
+def _colocated(d: Draft) -> None:
+    DIMENSIONS[d.rng.choice(["single", "single", "mixed"])](d)
+
+
+def _pools_of(d: Draft) -> list[tuple[str, int]]:
+    pools = d.cluster.get("pools")
+    if pools:
+        return [(p["name"], p["num_instances"]) for p in pools]
+    return [("default", d.cluster["num_instances"])]
+
+
+def _fleet_policy(d: Draft) -> None:
+    """A policy that already routes a routable subset by position (the others key their
+    state by position until they key it by instance id: FLEET_DESIGN.md); a P/D policy
+    keeps its family and composes such sides."""
+    if d.router.get("policy") in ("pd", "dynamo_disagg", "llmd_pd"):
+        if d.router["policy"] == "pd":
+            d.router["params"].update(prefill_policy=d.rng.choice(FLEET_POLICIES),
+                                      decode_policy=d.rng.choice(FLEET_POLICIES))
+        return
+    d.router["policy"] = d.rng.choice(FLEET_POLICIES)
+    d.router["params"] = {}
+
+
+@dimension("scaling")
+def _scaling(d: Draft) -> None:
+    """A `schedule` autoscaler with random targets per pool (0 to 2 above the initial
+    count): instances start (some warm up), are cancelled while starting, drain (some hand
+    back what they hold after a timeout); a target of 0 rejects arrivals (no_instance)."""
+    r = d.rng
+    quantum = 2**-10 if d.dyadic else 0.001
+    fleet = d.sections.setdefault("fleet", {})
+    pools: dict[str, Any] = {}
+    replicas: dict[str, Any] = {}
+    for name, n in _pools_of(d):
+        high = n + r.randint(0, 2)
+        pool: dict[str, Any] = {"max_replicas": high, "min_replicas": r.randint(0, min(1, n)),
+                                "startup_s": r.choice([0.0, 8 * quantum, 64 * quantum, 512 * quantum])}
+        if r.random() < 0.3:
+            pool["warmup_s"] = r.choice([quantum, 32 * quantum])
+        pools[name] = pool
+        times = sorted({r.randint(0, 2048) * quantum for _ in range(r.randint(1, 4))})
+        replicas[name] = [[t, r.randint(0, high)] for t in times]
+    fleet["pools"] = pools
+    disaggregated = any(p.get("role", "both") != "both" for p in d.cluster.get("pools", []))
+    if r.random() < 0.4 and not disaggregated:  # P/D: no hand-back yet (lmsim.engine.fleet)
+        fleet["drain_timeout_s"] = r.choice([quantum, 16 * quantum, 256 * quantum])
+    d.sections["autoscaler"] = {
+        "name": "schedule", "interval_s": r.choice([16 * quantum, 128 * quantum, 256 * quantum]),
+        "metrics_delay_s": r.choice([0.0, 0.0, 4 * quantum, 300 * quantum]), "params": {"replicas": replicas},
+    }
+    _fleet_policy(d)
+
+
+@dimension("crashes")
+def _crashes(d: Draft) -> None:
+    """Instances crash (at given times, or at random with an MTBF), with their requests
+    retried or failed, restarts or not, and a detection delay in which the router still
+    sends to the dead instance."""
+    r = d.rng
+    quantum = 2**-10 if d.dyadic else 0.001
+    fleet = d.sections.setdefault("fleet", {})
+    fleet["detection_delay_s"] = r.choice([0.0, 4 * quantum, 128 * quantum])
+    fleet.setdefault("startup_s", r.choice([0.0, 16 * quantum, 256 * quantum]))
+    total = sum(fleet.get("pools", {}).get(name, {}).get("max_replicas", n) for name, n in _pools_of(d))
+    faults: dict[str, Any] = {
+        "crashes": [{"time_s": r.randint(0, 2048) * quantum, "instance": r.randrange(total)}
+                    for _ in range(r.randint(1, 3))],
+        "in_flight": r.choice(["retry", "retry", "fail"]),
+        "retry_after_s": r.choice([0.0, quantum, 64 * quantum]),
+        "max_retries": r.randint(0, 3),
+    }
+    if r.random() < 0.6:
+        faults["restart_s"] = r.choice([0.0, 8 * quantum, 256 * quantum])
+    if r.random() < 0.25:
+        faults["mtbf_s"] = r.choice([0.5, 2.0])
+        faults["seed"] = r.randint(0, 9)
+        faults["restart_s"] = faults.get("restart_s", 32 * quantum)  # or every instance dies for good
+    d.sections["faults"] = faults
+    _fleet_policy(d)
+
+
 @dimension("drain_cut")
 def _drain_cut(d: Draft) -> None:
     """`drain_limit_s` cuts the run while requests are in flight."""
@@ -442,6 +536,9 @@ def _stop_s(scenario: dict[str, Any]) -> float:
     work = sum(0.05 + row["input"] * (0.004 + per_token) + 4 * max(latencies) + row["output"] * 0.06 + row["delay"]
                for row in scenario["rows"])
     last = max((row["at"] for row in scenario["rows"]), default=0.0)
+    if "sections" in scenario:  # every request may run 1 + max_retries times, after restarts
+        work *= 1 + scenario["sections"].get("faults", {}).get("max_retries", 0)
+        last += 10.0
     return round(last + 20 * work + 60.0, 3)
 
 
@@ -474,6 +571,8 @@ def generate(seed: int, category: str | None = None) -> dict[str, Any]:
         "cluster": cluster, "router": d.router, "simulation": d.simulation,
         "rows": _rows(d, min(blocks) * BLOCK),
     }
+    if d.sections:
+        scenario["sections"] = d.sections
     scenario["stop_s"] = _stop_s(scenario)
     return scenario
 
@@ -503,6 +602,7 @@ def build(scenario: dict[str, Any], *, fast_forward: bool, check: bool) -> Simul
         "cluster": _resolve_profiles(copy.deepcopy(scenario["cluster"]), scenario["kv_bytes_per_token"]),
         "router": copy.deepcopy(scenario["router"]),
         "simulation": {**scenario["simulation"], "check": check, "fast_forward": fast_forward},
+        **copy.deepcopy(scenario.get("sections", {})),
     }
     rows = scenario["rows"]
     trace = make_trace(
@@ -581,6 +681,12 @@ def compare(a: Results, b: Results) -> str:
         diff = _frame_difference(getattr(a, table), getattr(b, table))
         if diff:
             return f"{table} {diff}"
+    if (a.fleet_events is None) != (b.fleet_events is None):
+        return "fleet_events in one run only"
+    if a.fleet_events is not None:
+        diff = _frame_difference(a.fleet_events, b.fleet_events)
+        if diff:
+            return f"fleet_events {diff}"
     diff = _summary_difference(a.summary, b.summary)
     return f"summary {diff}" if diff else ""
 
@@ -599,6 +705,10 @@ def ending_problem(scenario: dict[str, Any], results: Results) -> str:
         if st == "rejected":
             if pd.isna(reasons[i]):
                 return f"request {i} rejected without a reason"
+            continue
+        if st == "failed":
+            if pd.isna(requests["end_reason"].iloc[i]):
+                return f"request {i} failed without a reason"
             continue
         if st == "not_arrived" and (cut or (after >= 0 and status[after] != "finished")):
             continue
@@ -654,6 +764,13 @@ def coverage(results: Results) -> set[str]:
             if (s.get(key) or 0) > 0}
     if s.get("prefix_hit_ratio_disk"):
         seen.add("disk hit")
+    fleet = s.get("fleet")
+    if fleet is not None:
+        events = set(results.fleet_events["event"])
+        seen |= {name for name, event in (("scale up", "start"), ("drain", "drain"), ("crash", "crash"),
+                                          ("restart", "restart"), ("drain stop", "stop")) if event in events}
+        seen |= {name for name, key in (("retry", "num_retries"), ("failed", "num_failed"),
+                                        ("no instance", "num_rejected_no_instance")) if fleet.get(key)}
     return seen
 
 

@@ -133,6 +133,14 @@ def test_engine_knows_policies_only_through_the_routing_contract():
     assert "lmsim.routing" in GRAPH["lmsim.engine.router"]
 
 
+def test_engine_knows_autoscalers_only_through_the_scaling_contract():
+    """The engine is handed an autoscaler object (lmsim.study.compose creates it from the
+    registry) and reads the contract in lmsim.scaling; it never imports the autoscalers."""
+    assert _violations("engine", {"autoscalers"}) == []
+    assert "lmsim.scaling" in GRAPH["lmsim.engine.fleet"]
+    assert not [m for m in GRAPH["lmsim.scaling"] if _layer(m) in ("engine", "autoscalers")]
+
+
 def test_the_routing_contract_sits_below_engine_and_policies():
     assert GRAPH["lmsim.routing"] == set()
     assert "lmsim.routing" in GRAPH["lmsim.policies.base"]

@@ -2,7 +2,7 @@
 fast-forward and the invariant checker, one step at a time, and with fast-forward again;
 the three runs must agree exactly, raise nothing and end every request as they must.
 
-CI runs LMSIM_FUZZ_SCENARIOS scenarios (default 400, spread evenly over the categories)
+CI runs LMSIM_FUZZ_SCENARIOS scenarios (default 40 per category, spread evenly over them)
 from seed LMSIM_FUZZ_START (default 0); counts, not wall time, bound it. More on demand:
 
     LMSIM_FUZZ_SCENARIOS=5000 python -m pytest tests/test_fuzz.py -q
@@ -37,7 +37,8 @@ from lmsim.engine.instance import Instance
 from lmsim.engine.invariants import idle_prefill_time
 from lmsim.engine.scheduler import InstanceScheduler
 
-SCENARIOS = int(os.environ.get("LMSIM_FUZZ_SCENARIOS", "400"))
+# 40 per category: fewer and the check that each category reaches its paths is skipped
+SCENARIOS = int(os.environ.get("LMSIM_FUZZ_SCENARIOS", str(40 * len(CATEGORIES))))
 START = int(os.environ.get("LMSIM_FUZZ_START", "0"))
 # What each category must reach in CI's sample, or it has stopped testing what it is for.
 REACHES = {
@@ -51,7 +52,22 @@ REACHES = {
     "preempt": {"preemption", "eviction"},
     "closed": {"not arrived"},
     "cut": {"unfinished"},
+    # a changing fleet (lmsim.engine.fleet); "retry" in scaling is a drain timeout's hand-back
+    "scaling": {"scale up", "drain", "drain stop", "no instance", "retry"},
+    "crashes": {"crash", "restart", "retry", "failed"},
+    "fleet": {"scale up", "drain", "crash", "retry", "failed"},
+    "pd_scaling": {"scale up", "drain", "drain stop", "kv transfer"},
+    "pd_crashes": {"crash", "retry", "failed", "kv transfer"},
 }
+PD_FLEET = ("pd_scaling", "pd_crashes")
+
+
+def _pd_sides_route_subsets() -> bool:
+    """The P/D policies' sides see a routable subset of their role (the `policyids` branch,
+    FLEET_DESIGN.md "Routable subset"); before it, the P/D fleet categories cannot run."""
+    import lmsim.policies.disagg as disagg
+
+    return hasattr(disagg, "LocalView")
 
 
 SENTINEL_DIR = Path(__file__).resolve().parent / "fixtures" / "fuzz_sentinels"
@@ -152,6 +168,8 @@ def fuzz(category: str, seeds: range) -> set[str]:
 
 @pytest.mark.parametrize("category", list(CATEGORIES))
 def test_fuzzed_scenarios_agree_hold_their_invariants_and_end(category: str) -> None:
+    if category in PD_FLEET and not _pd_sides_route_subsets():
+        pytest.skip("P/D sides over a routable subset come with the policyids branch")
     per_category = -(-SCENARIOS // len(CATEGORIES))
     covered = fuzz(category, range(START, START + per_category))
     if per_category >= 40:
@@ -161,6 +179,8 @@ def test_fuzzed_scenarios_agree_hold_their_invariants_and_end(category: str) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("category", list(CATEGORIES))
 def test_thousands_of_fuzzed_scenarios(category: str) -> None:
+    if category in PD_FLEET and not _pd_sides_route_subsets():
+        pytest.skip("P/D sides over a routable subset come with the policyids branch")
     fuzz(category, range(100_000, 100_000 + 3000 // len(CATEGORIES)))
 
 

@@ -7,7 +7,7 @@ engine never imports this package. A scaler module registers with
 from a module it imports would be a cycle).
 """
 
-from lmsim.autoscalers import hpa, sla_planner  # noqa: F401  (registration side effects)
+from lmsim.autoscalers import hpa, schedule, sla_planner  # noqa: F401  (registration side effects)
 from lmsim.autoscalers.base import AUTOSCALERS, Autoscaler
 
 __all__ = ["AUTOSCALERS", "Autoscaler"]

@@ -85,6 +85,7 @@ def _check_config(config, where: str) -> None:
     POLICIES.create(config.router.policy, config.router.params, where=f"{where}: router.params")
     _check_router_view(config, where)
     _check_kv_pools(config, where)
+    _check_fleet(config, where)
     _check_workload_source(config, where)
 
 
@@ -146,6 +147,24 @@ def _check_kv_pools(config, where: str) -> None:
             )
     if cfg.is_disaggregated:
         check_disaggregated_pools(cfg.pool_specs(), models, where)
+
+
+def _check_fleet(config, where: str) -> None:
+    """A changing fleet's pools, start-up times and crashes, and its autoscaler
+    (lmsim.engine.fleet), as the run would check them."""
+    from lmsim.engine.fleet import allocated_pools, fleet_configured, plan_pools
+    from lmsim.profile import load_cost_model
+    from lmsim.study.compose import make_autoscaler
+
+    if not fleet_configured(config):
+        return
+    try:
+        pools, initial = allocated_pools(config)
+        models = {pool.name: load_cost_model(pool.engine["profile"]) for pool in pools}
+        plan_pools(config, pools, initial, models)
+        make_autoscaler(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_workload_source(config, where: str) -> None:

@@ -59,6 +59,7 @@ from lmsim.engine.clock import ARRIVAL, HANDOVER, SAMPLE, schedule_at
 from lmsim.engine.connector import attach_connector
 from lmsim.engine.instance import materialize_all
 from lmsim.engine.links import Channel, Transfer, TransferNetwork
+from lmsim.engine.metrics import NO_INSTANCE
 from lmsim.engine.request import Request
 from lmsim.engine.router import RouterBase
 from lmsim.errors import ConfigError
@@ -222,7 +223,16 @@ class Disaggregation:
         if h.decode_id is None:
             assert self.router is not None
             h.decode_id = self.router.choose_decode(client, now)
-        reason = sim.dispatch_problem(client, h.decode_id)
+        fleet = sim.fleet
+        if fleet is not None and h.decode_id is not None and not fleet.serves(h.decode_id):
+            # the decode instance crashed (chosen at arrival, or now while the router still
+            # lists it): the request is lost
+            del self.handoffs[client.request_id]
+            if h.kv_held:
+                sim.instances[h.prefill_id].release_held(h.leg)
+            fleet.lose(client)
+            return
+        reason = NO_INSTANCE if h.decode_id is None else sim.dispatch_problem(client, h.decode_id)
         if reason is not None:
             del self.handoffs[client.request_id]
             if h.kv_held:
@@ -238,6 +248,47 @@ class Disaggregation:
             return
         h.state = AWAITING
         sim.instances[h.decode_id].submit(client)
+
+    # -- crashes (lmsim.engine.fleet) ----------------------------------------------------
+
+    def on_crash(self, instance_id: int, lost: list[Request]) -> list[Request]:
+        """Instance `instance_id` crashed holding `lost` (by request id): the client requests
+        lost with it. A prefill instance loses the legs it was prefilling (their clients
+        with them) and the KV it held: a client still waiting for that KV on its decode
+        instance is prefilled there instead (vLLM's `kv_load_failure_policy: recompute`); a
+        transfer already on its way completes (an approximation: the read would fail and
+        the decode instance recompute). A decode instance loses its clients; the KV their
+        prefill instances held for them is freed."""
+        sim = self.sim
+        clients = []
+        if sim.instances[instance_id].pool.role == "prefill":
+            for leg in lost:
+                h = self.handoffs[leg.request_id]
+                if h.state == PREFILLING:
+                    del self.handoffs[leg.request_id]
+                    _fold(leg, h.client)
+                    self.policy.on_prefill_done(leg)  # the prefill side lets go of it
+                    clients.append(h.client)
+                elif h.state == AWAITING:
+                    del self.handoffs[leg.request_id]
+                    self.num_local_prefills += 1
+                else:
+                    h.kv_held = False
+            return clients
+        for client in lost:
+            h = self.handoffs.pop(client.request_id, None)
+            if h is not None and h.kv_held:
+                sim.instances[h.prefill_id].release_held(h.leg)
+            clients.append(client)
+        return clients
+
+    def forget(self, request_id: int) -> None:
+        """A lost request's handoff records: its next attempt (or none) writes its own."""
+        r = self.records
+        r.prefill_instance_id[request_id] = -1
+        r.kv_transfer_bytes[request_id] = -1
+        for column in (r.prefill_done_at, r.kv_transfer_start_at, r.kv_transfer_s):
+            column[request_id] = np.nan
 
     # -- the decode side -----------------------------------------------------------------
 
@@ -284,10 +335,15 @@ class Disaggregation:
     def _received(self, h: Handoff) -> None:
         """The last byte landed: D's worker has the blocks and P's has the read notification;
         each instance applies its side at its next connector poll."""
+        if self.handoffs.get(h.client.request_id) is not h:
+            return  # its decode instance crashed meanwhile (on_crash)
         self.records.kv_transfer_s[h.client.request_id] = self.env.now - h.started_at
         del self.handoffs[h.client.request_id]
         self.sim.instances[h.decode_id].external_ready(h.client)  # type: ignore[index]
-        self.sim.instances[h.prefill_id].release_held(h.leg)
+        if h.kv_held:  # else its prefill instance crashed while the bytes were on their way
+            self.sim.instances[h.prefill_id].release_held(h.leg)
+        if self.sim.fleet is not None:  # a draining prefill instance stops once its KV is read
+            self.sim.fleet.maybe_drained(h.prefill_id)
 
 
 def _by_request(h: Handoff) -> int:
@@ -363,8 +419,9 @@ class _DecodeSide:
 class DisaggRouter(RouterBase):
     """The router of a disaggregated cluster: the policy names a (prefill, decode) pair."""
 
-    def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any) -> None:
+    def __init__(self, disagg: Disaggregation, cluster: Any, policy: Any, adapter: Any, fleet: Any = None) -> None:
         super().__init__(disagg.sim.instances, cluster, policy, adapter)
+        self.fleet = fleet
         self.disagg = disagg
         self.sim = disagg.sim
         disagg.policy = policy
@@ -377,18 +434,35 @@ class DisaggRouter(RouterBase):
             raise RuntimeError(f"policy {self.policy.registry_name} chose invalid {what} instance {choice!r}")
         return int(choice)
 
+    def _listed(self) -> tuple[Any, set[int], set[int]]:
+        """The view the policy reads and the prefill and decode ids it may answer: every
+        instance, or under a changing fleet the routable ones (lmsim.engine.fleet; the
+        policy still answers global ids, its sides map their role-local positions)."""
+        view = self.view()
+        if self.fleet is None:
+            return view, self._prefill, self._decode
+        routable = set(self.fleet.routable)
+        return self.fleet.view(view), self._prefill & routable, self._decode & routable
+
     def route(self, request: Request, now: float) -> None:
         materialize_all(self.instances, now)
+        view, prefill_ids, decode_ids = self._listed()
+        if not (prefill_ids and decode_ids):  # a changing fleet with a role scaled to nothing
+            self.fleet.no_instance(request)
+            return
         started = time.perf_counter()
-        prefill, decode = self.policy.choose_pair(request, self.view())
+        prefill, decode = self.policy.choose_pair(request, view)
         self.decision_wall_s += time.perf_counter() - started
         self.num_decisions += 1
         if prefill is None and decode is None:
             raise RuntimeError(f"policy {self.policy.registry_name} chose neither a prefill nor a decode instance")
-        p = None if prefill is None else self._check(prefill, self._prefill, "prefill")
-        d = None if decode is None else self._check(decode, self._decode, "decode")
+        p = None if prefill is None else self._check(prefill, prefill_ids, "prefill")
+        d = None if decode is None else self._check(decode, decode_ids, "decode")
         request.routed_at = now
         request.instance_id = d
+        if self.fleet is not None and any(i is not None and not self.fleet.serves(i) for i in (p, d)):
+            self._sent_to_dead(request, p, d)
+            return
         if p is None:  # prefilled on its decode instance
             assert d is not None
             if not self.sim._dispatch(request, d):
@@ -401,14 +475,31 @@ class DisaggRouter(RouterBase):
             if where is not None and self.adapter is not None:
                 self.adapter.on_routed(request, where)
         self.policy.on_routed_pair(request, p, d)
+        if self.fleet is not None:
+            self.fleet.on_routed(request, d if d is not None else p)
 
-    def choose_decode(self, request: Request, now: float) -> int:
-        """`decode_choice: after_prefill`: the decode instance, now that the prefill is done."""
+    def _sent_to_dead(self, request: Request, p: int | None, d: int | None) -> None:
+        """The policy chose a crashed instance the router still lists: the request is lost
+        (the prefill side lets go of it as of a prefill done)."""
+        for where in (p, d):
+            if where is not None and self.adapter is not None:
+                self.adapter.on_routed(request, where)
+        self.policy.on_routed_pair(request, p, d)
+        if p is not None:
+            self.policy.on_prefill_done(request)
+        self.fleet.sent_to_dead(request)
+
+    def choose_decode(self, request: Request, now: float) -> int | None:
+        """`decode_choice: after_prefill`: the decode instance, now that the prefill is done
+        (None: a changing fleet has no decode instance to offer)."""
         materialize_all(self.instances, now)
+        view, _prefill_ids, decode_ids = self._listed()
+        if not decode_ids:
+            return None
         started = time.perf_counter()
-        choice = self.policy.choose_decode(request, self.view())
+        choice = self.policy.choose_decode(request, view)
         self.decision_wall_s += time.perf_counter() - started
-        d = self._check(choice, self._decode, "decode")
+        d = self._check(choice, decode_ids, "decode")
         request.instance_id = d
         if self.adapter is not None:
             self.adapter.on_routed(request, d)

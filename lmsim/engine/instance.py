@@ -196,6 +196,32 @@ class Instance:
     def cache(self):
         return self.scheduler.cache
 
+    def reset(self, scheduler: InstanceScheduler) -> float:
+        """The engine process is gone (a stop or a crash, lmsim.engine.fleet): the steps in
+        flight are dropped, and `scheduler` (fresh, empty) replaces the old one. The steps
+        of a fast-forwarded run that have ended by now are counted first, as stepping one
+        by one had committed them; the counters of work done carry over. Events of the
+        dropped steps find nothing to do (`_step_end` and `_due` check they are current).
+        Returns when the last counted step ended (-inf if none)."""
+        self.materialize()  # the steps started by now allocated their blocks (evictions counted)
+        last = self.record_ended_steps()
+        old = self.scheduler
+        scheduler.connector = old.connector
+        scheduler.num_outside_grid = old.num_outside_grid
+        scheduler.num_preemptions = old.num_preemptions
+        scheduler.cache.num_evictions = old.cache.num_evictions
+        self.scheduler = scheduler
+        self._inflight.clear()
+        self._due_event = None
+        self._host_free = -INF
+        self.next_boundary = INF
+        self.landed = []
+        self._empty_poll = -INF
+        self._idle_poll = False
+        self._kv_unstamped = []
+        self._receiving = False
+        return last
+
     @property
     def is_busy(self) -> bool:
         return bool(self._inflight)
@@ -490,10 +516,12 @@ class Instance:
             gaps.extend(map(sub, ends[off + 1 : off + steps], ends[off : off + steps - 1]))
             counts.extend(repeat(decodes, steps - 1))
 
-    def record_ended_steps(self) -> None:
+    def record_ended_steps(self) -> float:
         """The run stops now: count the steps in flight that have ended, their busy time and
-        their gaps, as their plan's commit would have (stepping one by one committed each)."""
+        their gaps, as their plan's commit would have (stepping one by one committed each).
+        Returns when the last of them ended (-inf if none)."""
         now = self.env.now
+        last = -INF
         for planned in self._inflight:
             k = planned.plan.num_steps
             off = planned.end_offset
@@ -501,12 +529,14 @@ class Instance:
             self._record_step_gaps(planned, ended)
             if not ended:
                 continue
+            last = max(last, planned.end(ended - 1))
             self.num_steps += ended
             if self.async_scheduling:
                 host = planned.host
                 self.busy_time_s += sum(d - host if d > host else 0.0 for d in planned.plan.durations[:ended])
             else:
                 self.busy_time_s += planned.end(ended - 1) - planned.starts[0]
+        return last
 
     def _time_async(self, plan: StepPlan, now: float) -> _Planned:
         """Step boundaries under asynchronous scheduling (module docstring): step j of the

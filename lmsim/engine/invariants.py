@@ -241,6 +241,9 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
                 if rid in where:
                     _fail(f"request {rid} listed twice (instances {where[rid]} and {h.prefill_id})", instance, step, now)
                 where[rid] = h.prefill_id
+    fleet = getattr(sim, "fleet", None)
+    if fleet is not None:
+        _check_fleet(sim, fleet, where, instance, step, now)
     live = np.flatnonzero(status == UNFINISHED)
     if len(live) != len(where):
         lost = next(int(r) for r in live if int(r) not in where)
@@ -249,6 +252,36 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
         _fail(f"the live counter says {sim.live} but {len(live)} arrived requests are not done", instance, step, now)
     if sim.disagg is not None:
         _check_handoffs(sim, instance, step, now)
+
+
+def _check_fleet(sim: Simulation, fleet: Any, where: dict[int, int], instance: Instance | None, step: int,
+                 now: float) -> None:
+    """A changing fleet (lmsim.engine.fleet): a request lost and waiting to be sent again is
+    on no instance (it counts as where it is); an instance that is not serving (stopped,
+    starting, warming, failed) holds no request and no block; the router lists exactly the
+    active instances and the crashed ones not yet detected."""
+    from lmsim.engine.fleet import ACTIVE, DRAINING, FAILED, STATE_NAMES
+
+    for rid in sorted(fleet.pending):
+        if rid in where:
+            _fail(f"request {rid} waits to be sent again but is on instance {where[rid]}", instance, step, now)
+        where[rid] = -1
+    for inst in sim.instances:
+        i = inst.instance_id
+        state = fleet.state[i]
+        if state in (ACTIVE, DRAINING):
+            continue
+        s = inst.scheduler
+        held = len(s.running) + len(s.waiting) + len(s.loading) + len(s.held)
+        used = s.cache.num_total_blocks - s.cache.num_free_blocks
+        if held or used or s.cache.cached_hashes:
+            _fail(
+                f"instance {i} is {STATE_NAMES[state]} but holds {held} requests, {used} used blocks and "
+                f"{len(s.cache.cached_hashes)} cached blocks", instance, step, now,
+            )
+    expected = [i for i, state in enumerate(fleet.state) if state == ACTIVE or (state == FAILED and i in fleet.undetected)]
+    if fleet.routable != expected:
+        _fail(f"the router lists instances {fleet.routable}, expected {expected}", instance, step, now)
 
 
 def _check_handoffs(sim: Simulation, instance: Instance | None, step: int, now: float) -> None:

@@ -18,6 +18,10 @@ scheduled, f_r first token, c_r finished, n_r output tokens.
   `resume_exceeds_kv_cache` (under `whole_prompt_watermark`, a request preempted after
   producing output whose prompt + outputs no longer fit in the pool beside the watermark;
   vLLM v0 marks it FINISHED_IGNORED when it next heads the waiting queue).
+* With a changing fleet (lmsim.engine.fleet) only: status `failed` (lost to a crash and not
+  sent again), reject reason `no_instance` (nothing routable), and the columns `retries`
+  (times sent again) and `end_reason` (`END_REASONS`: the reject reason, or
+  `instance_crash` / `retries_exhausted` for a failed request; null otherwise).
 * With lower KV tiers (lmsim.engine.kv_tiers), for requests admitted on an instance that has
   them (null otherwise): `kv_hit_tokens_host` and `kv_hit_tokens_disk`, the tokens found in
   host memory and on disk beyond the GPU hit (`cached_tokens`) at the first admission, and
@@ -46,6 +50,14 @@ REJECT_REASONS = {
     EXCEEDS_KV_CACHE: "exceeds_kv_cache",
     RESUME_EXCEEDS_KV_CACHE: "resume_exceeds_kv_cache",
 }
+# Only runs with a changing fleet (lmsim.engine.fleet) have these, so the categories of every
+# other run's columns stay as they were: a request that `failed` (its instance crashed under
+# it), and the reasons a request of such a run ended other than finishing.
+FAILED = 4
+NO_INSTANCE, INSTANCE_CRASH, RETRIES_EXHAUSTED = 5, 6, 7
+FLEET_STATUS_NAMES = {**STATUS_NAMES, FAILED: "failed"}
+FLEET_REJECT_REASONS = {**REJECT_REASONS, NO_INSTANCE: "no_instance"}
+END_REASONS = {**FLEET_REJECT_REASONS, INSTANCE_CRASH: "instance_crash", RETRIES_EXHAUSTED: "retries_exhausted"}
 
 
 class Recorder:
@@ -72,6 +84,7 @@ class Recorder:
         self.samples: list[tuple[float, int, int, int, int, float, int, int]] = []
         self.handoffs: HandoffRecords | None = None  # disaggregated clusters only
         self.kv_tiers = False
+        self.fleet = False
 
     def enable_handoffs(self) -> HandoffRecords:
         self.handoffs = HandoffRecords(len(self.status))
@@ -86,6 +99,19 @@ class Recorder:
         self.kv_load_bytes = np.full(n, -1, dtype=np.int64)
         self.kv_load_s = np.full(n, np.nan)
 
+    def track_fleet(self) -> None:
+        """Record the fleet columns too: resubmissions of each request (`retries`) and why it
+        ended other than by finishing (`end_reason`, an `END_REASONS` code, 0: none)."""
+        n = len(self.status)
+        self.fleet = True
+        self.retries = np.zeros(n, dtype=np.int64)
+        self.end_reason = np.zeros(n, dtype=np.int8)
+
+    def failed(self, request: Request, reason: int) -> None:
+        self.store(request)
+        self.status[request.request_id] = FAILED
+        self.end_reason[request.request_id] = reason
+
     def arrived(self, request: Request) -> None:
         self.arrived_at[request.request_id] = request.arrived_at
         self.status[request.request_id] = UNFINISHED
@@ -94,6 +120,8 @@ class Recorder:
         self.store(request)
         self.status[request.request_id] = REJECTED
         self.reject_reason[request.request_id] = reason
+        if self.fleet:
+            self.end_reason[request.request_id] = reason
 
     def clipped(self, request: Request) -> None:
         self.output_tokens[request.request_id] = request.output_tokens

@@ -13,7 +13,12 @@ import numpy as np
 import pandas as pd
 
 from lmsim.engine.metrics import (
+    END_REASONS,
+    FAILED,
     FINISHED,
+    FLEET_REJECT_REASONS,
+    FLEET_STATUS_NAMES,
+    NO_INSTANCE,
     NOT_ARRIVED,
     REJECT_REASONS,
     REJECTED,
@@ -46,6 +51,8 @@ class Results:
     router_events: pd.DataFrame
     summary: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
+    # instances starting, stopping and crashing (lmsim.engine.fleet); None without a fleet
+    fleet_events: pd.DataFrame | None = None
 
     @classmethod
     def from_simulation(cls, sim: Any, wall_time_s: float) -> Results:
@@ -58,6 +65,7 @@ class Results:
             if len(pred) and {"request_id", "predicted_ttft_s"} <= set(pred.columns):
                 predicted[pred["request_id"].to_numpy(dtype=np.int64)] = pred["predicted_ttft_s"].to_numpy()
         out = rec.output_tokens
+        statuses, reasons = (FLEET_STATUS_NAMES, FLEET_REJECT_REASONS) if rec.fleet else (STATUS_NAMES, REJECT_REASONS)
         first_token_at, finished_at = rec.first_token_at, rec.finished_at
         if getattr(sim, "frontend", None) is not None:
             # what the client sees: every token arrives the streaming delay late
@@ -88,11 +96,11 @@ class Results:
                 "predicted_ttft_s": predicted,
                 "session_id": nullable_int(trace.column("session_id")),
                 "class_id": nullable_int(trace.column("class_id")),
-                "status": pd.Categorical.from_codes(  # codes are the status numbers 0..3
-                    rec.status.astype(np.int64), categories=list(STATUS_NAMES.values())
+                "status": pd.Categorical.from_codes(  # codes are the status numbers 0..3 (4: failed)
+                    rec.status.astype(np.int64), categories=list(statuses.values())
                 ),
                 "reject_reason": pd.Categorical.from_codes(
-                    rec.reject_reason.astype(np.int64) - 1, categories=list(REJECT_REASONS.values())
+                    rec.reject_reason.astype(np.int64) - 1, categories=list(reasons.values())
                 ),
             },
             # the recorder's and trace's arrays become the columns as they are: copying them
@@ -112,6 +120,14 @@ class Results:
             requests["kv_load_s"] = rec.kv_load_s
         if trace.stage is not None:  # a load ladder's stage (lmsim.engine.stages)
             requests["stage"] = nullable_int(trace.stage)
+        fleet = getattr(sim, "fleet", None)
+        if fleet is not None:  # last: the columns of a run without a fleet keep their places
+            for rid, n in fleet.retries.items():
+                rec.retries[rid] = n
+            requests["retries"] = rec.retries
+            requests["end_reason"] = pd.Categorical.from_codes(  # code 0: none (null)
+                rec.end_reason.astype(np.int64) - 1, categories=list(END_REASONS.values())
+            )
         instances = pd.DataFrame(
             rec.samples,
             columns=[
@@ -164,6 +180,12 @@ class Results:
         summary["requests_per_wall_s"] = (
             summary["num_finished"] / wall_time_s if wall_time_s > 0 else None
         )
+        if fleet is not None:
+            summary["fleet"] = fleet.summary(
+                float(sim.last_activity_s), int((rec.status == FAILED).sum()),
+                int(((rec.status == REJECTED) & (rec.reject_reason == NO_INSTANCE)).sum()),
+            )
+            return cls(requests, instances, events, summary, sim.config.to_dict(), fleet.events_frame())
         return cls(requests, instances, events, summary, sim.config.to_dict())
 
 

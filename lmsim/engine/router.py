@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from lmsim.engine.fleet import ACTIVE
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex
 from lmsim.engine.kv_tiers import TieredKV
@@ -43,6 +44,10 @@ class LiveInstanceView:
         self.cost_model = instance.scheduler.cost_model
         self.max_num_batched_tokens = instance.scheduler.max_num_batched_tokens
         self.max_num_seqs = instance.scheduler.max_num_seqs
+
+    def rebind(self) -> None:
+        """The instance was given a new scheduler (lmsim.engine.fleet: a stop or a crash)."""
+        self._scheduler = self._instance.scheduler
 
     @property
     def num_running(self) -> int:
@@ -131,6 +136,9 @@ class LiveClusterView:
     @property
     def now(self) -> float:
         return self._env.now
+
+    def rebind(self, instance_id: int) -> None:
+        self.instances[instance_id].rebind()
 
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         if not self._caching:
@@ -223,3 +231,52 @@ class Router(RouterBase):
             self.adapter.on_routed(request, choice)
         self.policy.on_routed(request, choice)
         return choice
+
+
+class FleetRouter(Router):
+    """The router of a changing fleet (lmsim.engine.fleet): the policy sees the routable
+    instances only and answers a position in that list, which the router maps to the
+    instance's id; a request sent to a crashed instance the router still lists is lost, and
+    one arriving when nothing is routable is rejected (`no_instance`)."""
+
+    def __init__(self, instances: Sequence[Instance], cluster: LiveClusterView, policy: Policy, adapter: Any,
+                 on_dispatch: Callable[[Request, int], bool], fleet: Any) -> None:
+        super().__init__(instances, cluster, policy, adapter, on_dispatch)
+        self.fleet = fleet
+
+    def route(self, request: Request, now: float) -> int | None:
+        fleet = self.fleet
+        ids = fleet.routable
+        if not ids:
+            fleet.no_instance(request)
+            return None
+        materialize_all(self.instances, now)
+        view = fleet.view(self.view())
+        started = time.perf_counter()
+        choice = self.policy.choose(request, view)
+        self.decision_wall_s += time.perf_counter() - started
+        self.num_decisions += 1
+        n = len(ids)
+        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < n:
+            raise PolicyError(
+                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
+                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
+                f"(a position among the {n} routable instances)"
+            )
+        instance_id = ids[int(choice)]
+        request.routed_at = now
+        request.instance_id = instance_id
+        if fleet.state[instance_id] != ACTIVE:  # crashed, not yet detected
+            if self.adapter is not None:
+                self.adapter.on_routed(request, instance_id)
+            self.policy.on_routed(request, instance_id)
+            fleet.sent_to_dead(request)
+            return None
+        if not self._on_dispatch(request, instance_id):
+            return None
+        self.instances[instance_id].submit(request)
+        if self.adapter is not None:
+            self.adapter.on_routed(request, instance_id)
+        self.policy.on_routed(request, instance_id)
+        fleet.on_routed(request, instance_id)
+        return instance_id

@@ -21,6 +21,7 @@ from lmsim.config import ExperimentConfig, PoolSpec
 from lmsim.engine.block_names import BlockNames
 from lmsim.engine.clock import ARRIVAL, SAMPLE, schedule_at
 from lmsim.engine.disagg import Disaggregation, DisaggRouter
+from lmsim.engine.fleet import Fleet, allocated_pools, fleet_configured, plan_pools
 from lmsim.engine.frontend import FrontEnd
 from lmsim.engine.instance import Instance, materialize_all
 from lmsim.engine.kv_cache import GlobalPrefixIndex, PrefixCache
@@ -34,7 +35,7 @@ from lmsim.engine.metrics import (
 )
 from lmsim.engine.request import Request, RequestState
 from lmsim.engine.results import Results
-from lmsim.engine.router import LiveClusterView, Router
+from lmsim.engine.router import FleetRouter, LiveClusterView, Router
 from lmsim.engine.scheduler import InstanceScheduler, StepOutcome, StepPlan
 from lmsim.engine.stages import StageBarrier
 from lmsim.errors import ConfigError, InvariantError
@@ -86,17 +87,25 @@ class Simulation:
     against the cluster's shape by whoever composes the run (`lmsim.study.compose`): the
     engine knows policies only through the contract in `lmsim.routing`."""
 
-    def __init__(self, config: ExperimentConfig, trace: Trace, policy: Policy) -> None:
+    def __init__(self, config: ExperimentConfig, trace: Trace, policy: Policy, autoscaler: Any = None) -> None:
         self.config = config
         self.trace = trace
         cfg = config.cluster
         self.env = simpy.Environment()
-        self.pools = cfg.pool_specs()
+        self.fleet: Fleet | None = None
+        fleet = fleet_configured(config)
+        if fleet:
+            if config.autoscaler is not None and autoscaler is None:
+                raise ConfigError("autoscaler: compose the run with lmsim.study.compose.build_simulation, which creates it")
+            # every instance the run may use, the stopped ones too (lmsim.engine.fleet)
+            self.pools, initial = allocated_pools(config)
+        else:
+            self.pools = cfg.pool_specs()
         self.kv_listeners: list[Callable[[int, int, bool], None]] = []
         self._kv_subscribers: list[Callable[[int, int, bool, float], None]] = []
         self._tier_subscribers: list[Callable[[int, int, bool, float, str], None]] = []
         self.router_events: list[dict[str, Any]] = []
-        self.index = GlobalPrefixIndex(cfg.total_instances)
+        self.index = GlobalPrefixIndex(sum(p.num_instances for p in self.pools))
         self.recorder = Recorder(len(trace), trace.output_tokens)
         self.check = config.simulation.check
         self._periodic: list[tuple[float, Callable[[float], None]]] = []
@@ -127,22 +136,7 @@ class Simulation:
             on_step_end = self._on_prefill_step_end if pool.role == "prefill" else self._on_step_end
             on_rejected = self._on_prefill_rejected if pool.role == "prefill" else self._on_engine_rejected
             for i in pool.instance_ids:
-                cache = PrefixCache(
-                    num_blocks, cfg.block_size, i, self.index, self.kv_listeners,
-                    free_queue_order=engine["free_queue_order"],
-                )
-                scheduler = InstanceScheduler(
-                    cache,
-                    cost_model,
-                    max_num_batched_tokens=engine["max_num_batched_tokens"],
-                    max_num_seqs=engine["max_num_seqs"],
-                    long_prefill_token_threshold=engine["long_prefill_token_threshold"],
-                    enable_prefix_caching=engine["enable_prefix_caching"],
-                    fast_forward=config.simulation.fast_forward,
-                    admission=engine["admission"],
-                    watermark_blocks=watermark,
-                    waive_long_prefill_when_alone=engine["waive_long_prefill_when_alone"],
-                )
+                scheduler = self._scheduler(pool, i, num_blocks, cost_model, watermark)
                 self.instances.append(
                     Instance(
                         self.env, i, scheduler, on_step_end, on_rejected, pool,
@@ -174,9 +168,14 @@ class Simulation:
         cluster = LiveClusterView(
             self.env, self.instances, self.index, cfg.block_size, cfg.enable_prefix_caching, self.kv_tiers
         )
+        self.cluster = cluster
+        if fleet:
+            self._build_fleet(initial, autoscaler)
         self.router: Router | DisaggRouter
         if self.disagg is not None:
-            self.router = DisaggRouter(self.disagg, cluster, self.policy, self.adapter)
+            self.router = DisaggRouter(self.disagg, cluster, self.policy, self.adapter, self.fleet)
+        elif self.fleet is not None:
+            self.router = FleetRouter(self.instances, cluster, self.policy, self.adapter, self._dispatch, self.fleet)
         else:
             self.router = Router(self.instances, cluster, self.policy, self.adapter, self._dispatch)
 
@@ -214,6 +213,34 @@ class Simulation:
         self.last_arrival_s = 0.0
         self.last_activity_s = 0.0  # the last arrival or step end: the run's simulated span
 
+    def _scheduler(
+        self, pool: PoolSpec, instance_id: int, num_blocks: int, cost_model: StepCostModel, watermark: int
+    ) -> InstanceScheduler:
+        """A fresh scheduler and empty cache for one of `pool`'s instances."""
+        engine = pool.engine
+        cache = PrefixCache(
+            num_blocks, self.config.cluster.block_size, instance_id, self.index, self.kv_listeners,
+            free_queue_order=engine["free_queue_order"],
+        )
+        return InstanceScheduler(
+            cache,
+            cost_model,
+            max_num_batched_tokens=engine["max_num_batched_tokens"],
+            max_num_seqs=engine["max_num_seqs"],
+            long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+            enable_prefix_caching=engine["enable_prefix_caching"],
+            fast_forward=self.config.simulation.fast_forward,
+            admission=engine["admission"],
+            watermark_blocks=watermark,
+            waive_long_prefill_when_alone=engine["waive_long_prefill_when_alone"],
+        )
+
+    def new_scheduler(self, instance_id: int) -> InstanceScheduler:
+        """A fresh, empty scheduler like instance `instance_id`'s (a restart, lmsim.engine.fleet)."""
+        old = self.instances[instance_id].scheduler
+        pool = self.instances[instance_id].pool
+        return self._scheduler(pool, instance_id, old.cache.num_total_blocks, old.cost_model, old.watermark_blocks)
+
     def _kv_blocks(self, pool: PoolSpec, cost_model: StepCostModel) -> int:
         engine = pool.engine
         if engine["num_gpu_blocks"] is not None:
@@ -223,6 +250,21 @@ class Simulation:
             field = "cluster.num_gpu_blocks" if self.config.cluster.pools is None else f"cluster.pools.{pool.name}.num_gpu_blocks"
             raise ConfigError(f"{field}: required with a profile that has no memory facts")
         return blocks
+
+    def _build_fleet(self, initial: list[int], autoscaler: Any) -> None:
+        plans = plan_pools(self.config, self.pools, initial, self.pool_cost_models)
+        self.fleet = fleet = Fleet(self, plans, autoscaler)
+        self.recorder.track_fleet()
+        for instance in self.instances:
+            instance._on_step_end = self._fleet_step_end(instance._on_step_end, fleet)
+
+    @staticmethod
+    def _fleet_step_end(on_step_end: Callable[..., None], fleet: Fleet) -> Callable[..., None]:
+        def step_end(instance: Instance, plan: StepPlan, outcome: StepOutcome, now: float) -> None:
+            on_step_end(instance, plan, outcome, now)
+            fleet.on_step_end(instance.instance_id, outcome.first_tokens, outcome.finished, now)
+
+        return step_end
 
     def _view_adapter(self, rng: np.random.Generator) -> Any:
         view_cfg = dict(self.config.router.view)
@@ -366,7 +408,9 @@ class Simulation:
             self.last_activity_s = self.env.now
             raise simpy.core.StopSimulation(None)
 
-    def _route(self, row: int, now: float) -> None:
+    def new_request(self, row: int, now: float) -> Request:
+        """Request `row` of the trace as it arrives at `now`: output clipped to the model
+        length, its blocks named."""
         trace = self.trace
         ids = trace.hash_ids(row)
         if ids.dtype != np.int64:  # a compact trace (Trace.compact): the engine keys on int64
@@ -393,6 +437,13 @@ class Simulation:
             slo_class=int(self._slo_class[row]),
             prompt_text=trace.prompt_text(row),
         )
+        return request
+
+    def _route(self, row: int, now: float) -> None:
+        request = self.new_request(row, now)
+        input_tokens = request.input_tokens
+        limit = self.max_model_len
+        clipped = limit is not None and input_tokens < limit < input_tokens + int(self.trace.output_tokens[row])
         self.live += 1
         self.num_arrived += 1
         if self._progress is not None and not self.num_arrived % PROGRESS_EVERY:
@@ -448,10 +499,19 @@ class Simulation:
         router hears of it as of a finished one (its in-flight counters)."""
         self.reject(request, RESUME_EXCEEDS_KV_CACHE)
         self.policy.on_finished(request)
+        if self.fleet is not None and request.instance_id is not None:
+            self.fleet.maybe_drained(request.instance_id)
 
     def _on_prefill_rejected(self, leg: Request) -> None:
         assert self.disagg is not None
         self.disagg.on_leg_rejected(leg)
+
+    def fail(self, request: Request, reason: int) -> None:
+        """`request` ends failed: lost to a crash and not sent again (lmsim.engine.fleet)."""
+        request.state = RequestState.REJECTED
+        self.recorder.failed(request, reason)
+        self.live -= 1
+        self._release_children(request, self.env.now)
 
     def reject(self, request: Request, reason: int) -> None:
         request.state = RequestState.REJECTED
@@ -528,6 +588,8 @@ class Simulation:
             self._schedule_periodic(period, callback, 1)
         if self.stages is not None:
             self._release(self.stages.start())
+        if self.fleet is not None:
+            self.fleet.start_timers()
         self._schedule_next_arrival()
         self.env.run()
         if progress is not None and self.num_arrived % PROGRESS_EVERY:

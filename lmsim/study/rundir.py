@@ -2,7 +2,8 @@
 a path may receive output at all.
 
 A run directory holds `requests.parquet`, `instances.parquet`, `router_events.parquet`,
-`config.yaml`, optionally `cdf.png`, then `summary.json`, written last. It is built in a
+`config.yaml`, optionally `cdf.png` and (a changing fleet) `fleet_events.parquet`, then
+`summary.json`, written last. It is built in a
 temporary sibling directory and renamed into place, so a reader never sees a half-written
 run. Every directory lmsim creates carries `lmsim.json` naming its kind (`run`, `sweep` or
 `compare`): that marker, and nothing else, is what allows a later command to replace it. A
@@ -36,7 +37,7 @@ COMPLETE_MARKER = "summary.json"  # written last: a run directory with it is com
 KIND_MARKER = "lmsim.json"
 RUN_FILES = frozenset({
     "requests.parquet", "instances.parquet", "router_events.parquet", "config.yaml", "cdf.png",
-    COMPLETE_MARKER, KIND_MARKER,
+    "fleet_events.parquet", COMPLETE_MARKER, KIND_MARKER,
 })  # fmt: skip
 # `lmsim compare --out`: its tables (its CDF figures are signed).
 COMPARE_FILES = frozenset({"compare.csv", "compare.txt", KIND_MARKER})
@@ -215,6 +216,8 @@ def save_run(results: Results, run_dir: str | os.PathLike[str], *, figure: bool 
         pa.Table.from_pandas(_flatten_events(results.router_events), preserve_index=False),
         tmp / "router_events.parquet",
     )
+    if results.fleet_events is not None:  # a changing fleet (lmsim.engine.fleet)
+        pq.write_table(pa.Table.from_pandas(results.fleet_events, preserve_index=False), tmp / "fleet_events.parquet")
     (tmp / "config.yaml").write_text(_load_comment(results.summary) + yaml.safe_dump(results.config, sort_keys=False))
     if figure:
         from lmsim.viz.run_cdf import plot_run_cdf, run_title
@@ -245,7 +248,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> Results:
     events = pq.read_table(events_path).to_pandas() if events_path.exists() else pd.DataFrame()
     summary = json.loads((run_dir / COMPLETE_MARKER).read_text())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return Results(requests, instances, events, summary, config)
+    fleet_path = run_dir / "fleet_events.parquet"
+    fleet = pq.read_table(fleet_path).to_pandas() if fleet_path.exists() else None
+    if fleet is not None:
+        fleet["target"] = fleet["target"].astype("Int64")
+    return Results(requests, instances, events, summary, config, fleet)
 
 
 def requests_table(requests: pd.DataFrame) -> pa.Table:
@@ -261,7 +268,7 @@ def requests_table(requests: pd.DataFrame) -> pa.Table:
             codes = col.cat.codes.to_numpy()
             labels = pa.array([str(v) for v in col.cat.categories], type=pa.string())
             columns[name] = labels.take(pa.array(codes, mask=codes < 0, type=pa.int64()))
-        elif name in ("status", "reject_reason"):  # runs read back from Parquet: plain strings
+        elif name in ("status", "reject_reason", "end_reason"):  # runs read back from Parquet: plain strings
             text = col.astype(object)
             columns[name] = pa.array([None if pd.isna(v) else str(v) for v in text], type=pa.string())
         elif name in NULLABLE_INT_COLUMNS:
