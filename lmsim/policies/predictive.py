@@ -215,7 +215,7 @@ class LlmdPredicted(Policy):
         self.estimator_profile = estimator_profile
         self.noise_rel = check_number("noise_rel", noise_rel, lo=0)
         self.record_predictions = check_bool("record_predictions", record_predictions)
-        self._last: tuple[int, list[float]] | None = None
+        self._last: tuple[int, ClusterView, list[float]] | None = None  # (request, view, estimates)
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
@@ -244,17 +244,24 @@ class LlmdPredicted(Policy):
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         est = self.predict(request, cluster)
-        self._last = (request.request_id, est)
+        if self.record_predictions:
+            self._last = (request.request_id, cluster, est)
         return pick_min(est, "random", self.ctx.rng)
 
     def on_routed(self, request: Request, instance_id: int) -> None:
-        if self.record_predictions and self._last and self._last[0] == request.request_id:
-            self.ctx.record_event(
-                "ttft_prediction",
-                request_id=request.request_id,
-                instance_id=instance_id,
-                predicted_ttft_s=self._last[1][instance_id],
-            )
+        last = self._last
+        if last is None or last[0] != request.request_id:
+            return
+        _, cluster, est = last
+        for k, v in enumerate(cluster.instances):  # the estimate of the routed instance id
+            if v.instance_id == instance_id:
+                self.ctx.record_event(
+                    "ttft_prediction",
+                    request_id=request.request_id,
+                    instance_id=instance_id,
+                    predicted_ttft_s=est[k],
+                )
+                return
 
 
 @POLICIES.register("llmd_scorer")

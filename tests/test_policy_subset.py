@@ -1,0 +1,267 @@
+"""The routable subset (FLEET_DESIGN.md, "Routable subset"): a router's view may list only
+some of the allocated instances; `choose` answers a position in that list and every policy
+keys its own per-instance state by `InstanceView.instance_id`.
+
+The check, for every registered policy: a 5-instance run whose router never lists one
+instance routes the same trace exactly as a 4-instance run of the same seed, once the ids are
+renumbered (ids above the hidden one move down by one). The unlisted instance never gets a
+request, so it stays idle and the other four evolve as the four of the smaller cluster do;
+a policy that keys state by position instead books a request routed to id 3 on position 3
+(id 4) and scores the next request with the wrong instance's counts, which moves its
+choices. The policy draws the same random numbers in both runs: it sees four instances in
+both, so it draws per listed instance.
+
+Disaggregated policies: 2 prefill + 3 decode with a decode instance hidden, and 3 prefill +
+2 decode with a prefill instance hidden, against 2 + 2; the side policies see role-local
+ids (`lmsim.policies.disagg.PoolView`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from fakes import FakeCluster, FakeContext, FakeInstance, hashes, make_request
+from lmsim.config import validate
+from lmsim.policies import POLICIES
+from lmsim.study.compose import build_simulation
+from lmsim.study.experiment import load_workload_trace
+
+HIDDEN = 2  # the instance the 5-instance run never lists
+
+WORKLOAD = {"generator": {"name": "chatbot", "params": {"duration_s": 12, "rate": 14, "max_output_tokens": 200}},
+            "rate": 14}
+PROFILE = "h20/qwen3-30b-a3b"
+# small KV pools so that caches evict and prefix hits differ between instances
+ENGINE = {"num_gpu_blocks": 3000}
+
+_HOTSPOT = {"min_window_requests": 5, "top_k": 4, "window_s": 4.0, "refresh_s": 0.5, "log_interval_s": 2.0}
+_EPP_ACTIVE_COMPLETE = {
+    "plugins": [{"type": "active-request-scorer", "parameters": {"requestTimeout": "5s"}},
+                {"type": "queue-scorer"}, {"type": "load-aware-scorer"},
+                {"type": "prefix-cache-scorer", "parameters": {"lruCapacityPerServer": 400}},
+                {"type": "max-score-picker"}, {"type": "single-profile-handler"}],
+    "schedulingProfiles": [{"name": "default", "plugins": [
+        {"pluginRef": "active-request-scorer", "weight": 1}, {"pluginRef": "queue-scorer", "weight": 1},
+        {"pluginRef": "load-aware-scorer", "weight": 1}, {"pluginRef": "prefix-cache-scorer", "weight": 2},
+        {"pluginRef": "max-score-picker"}]}],
+}
+
+# (policy, params): every registered colocated policy with its defaults, plus the variants
+# that keep per-instance state differently
+COLOCATED: list[tuple[str, dict[str, Any]]] = [
+    ("round_robin", {}),
+    ("random", {}),
+    ("least_tokens", {}),
+    ("vllm", {}),
+    ("vllm", {"stale_view_s": 0.1, "w_wait": 4}),
+    ("vllm", {"start_index": 2}),
+    ("bailian", {}),
+    ("dynamo", {}),
+    ("dynamo", {"temperature": 0.5, "assume_kv_reuse": False}),
+    ("llmd", {}),
+    ("llmd", {"noise_rel": 0.12}),
+    ("llmd_scorer", {}),
+    ("llmd_epp", {}),
+    ("llmd_epp", {"preset": "random"}),
+    ("llmd_epp", {"preset": "load"}),
+    ("llmd_epp", {"preset": "estimate-prefix-cache_load"}),
+    ("llmd_epp", {"preset": "precise-prefix-cache_load"}),
+    ("llmd_epp", {"preset": "precise-prefix-cache_load@v0.3"}),
+    ("llmd_epp", {"preset": "default-scheduling"}),
+    ("llmd_epp", _EPP_ACTIVE_COMPLETE),
+    ("lmetric", {}),
+    ("lmetric", {"bs_source": "inflight", "tie_break": "rotate"}),
+    ("lmetric", {"p_token": "request", "bs_plus_one": False, "tie_break": "first"}),
+    ("lmetric_hotspot", _HOTSPOT),
+    ("lmetric_hotspot", {**_HOTSPOT, "bs_source": "inflight", "class_by": "class_id"}),
+    ("sglang", {}),
+    ("sglang", {"miss_policy": "min_load", "balance_abs_threshold": 2, "max_tree_size": 4096,
+                "eviction_interval_secs": 1.0}),
+    ("aibrix", {}),
+    ("aibrix", {"imbalance_abs_count": 1}),
+    ("polyserve", {}),
+    ("polyserve", {"slo_classes": [{"ttft_s": 0.5, "tpot_s": 0.05}, {"ttft_s": 2.0, "tpot_s": 0.2}],
+                   "default_slo_class": 1}),
+    ("preble", {}),
+    ("preble", {"rebalance_after_per_gpu": 2, "include_request_prefill": True, "window_s": 3.0}),
+]
+
+DISAGGREGATED: list[tuple[str, dict[str, Any]]] = [
+    ("pd", {}),
+    ("pd", {"prefill_policy": "lmetric", "decode_policy": "llmd"}),
+    ("pd", {"prefill_policy": "preble", "prefill_params": {"rebalance_after_per_gpu": 2},
+            "decode_policy": "dynamo"}),
+    ("pd", {"prefill_policy": "sglang", "decode_policy": "aibrix", "decode_params": {"imbalance_abs_count": 1}}),
+    ("pd", {"prefill_policy": "round_robin", "decode_policy": "lmetric",
+            "decode_params": {"bs_source": "inflight"}, "decode_choice": "after_prefill"}),
+    ("pd", {"prefill_policy": "llmd_epp", "prefill_params": {"preset": "estimate-prefix-cache_load"},
+            "decode_policy": "llmd_epp", "decode_params": _EPP_ACTIVE_COMPLETE}),
+    ("pd", {"prefill_policy": "polyserve", "decode_policy": "vllm", "decode_params": {"stale_view_s": 0.1}}),
+    ("dynamo_disagg", {}),
+    ("dynamo_disagg", {"conditional_disagg": True, "decode_choice": "at_arrival"}),
+    ("llmd_pd", {}),
+    ("llmd_pd", {"prefix_index": "router", "non_cached_tokens": 64}),
+]
+
+
+def _label(case: tuple[str, dict[str, Any]]) -> str:
+    name, params = case
+    return f"{name}-{json.dumps(params, sort_keys=True)}" if params else name
+
+
+def _trace() -> Any:
+    if not hasattr(_trace, "cached"):
+        _trace.cached = load_workload_trace(_config({"num_instances": 4}, "round_robin", {}))  # type: ignore[attr-defined]
+    return _trace.cached  # type: ignore[attr-defined]
+
+
+def _config(cluster: dict[str, Any], policy: str, params: dict[str, Any]) -> Any:
+    raw = {
+        "name": "subset",
+        "seed": 5,
+        "workload": WORKLOAD,
+        "cluster": {"profile": PROFILE, **ENGINE, **cluster},
+        "router": {"policy": policy, "params": params},
+        "simulation": {"check": True},
+        "output": {"figures": False},
+    }
+    return validate(json.loads(json.dumps(raw)), where="test_policy_subset")
+
+
+class OmittingView:
+    """The engine's cluster view with one instance never listed: `instances` and the
+    per-instance lookups skip it (what the `fleet` engine's router view will do)."""
+
+    def __init__(self, base: Any, hidden: int) -> None:
+        self._base = base
+        self._keep = [k for k, v in enumerate(base.instances) if v.instance_id != hidden]
+        self.instances = [base.instances[k] for k in self._keep]
+        self.block_size = base.block_size
+        self.has_kv_tiers = base.has_kv_tiers
+
+    @property
+    def now(self) -> float:
+        return self._base.now
+
+    def cached_prefix_tokens(self, request: Any) -> list[int]:
+        full = self._base.cached_prefix_tokens(request)
+        return [full[k] for k in self._keep]
+
+    def cached_prefix_tokens_by_tier(self, request: Any) -> list[tuple[int, int, int]]:
+        full = self._base.cached_prefix_tokens_by_tier(request)
+        return [full[k] for k in self._keep]
+
+    def catch_up_kv_tiers(self) -> None:
+        self._base.catch_up_kv_tiers()
+
+
+class PositionsToIds:
+    """The router's side of the contract: `choose` answers a position in the listed
+    instances; the engine dispatches to that instance's id. Hooks pass through (global ids)."""
+
+    def __init__(self, policy: Any) -> None:
+        self._policy = policy
+        self.positions: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def choose(self, request: Any, cluster: Any) -> int:
+        k = self._policy.choose(request, cluster)
+        assert 0 <= k < len(cluster.instances), f"position {k} outside the {len(cluster.instances)} listed"
+        self.positions.append(int(k))
+        return cluster.instances[k].instance_id
+
+
+def _renumbered(frame: pd.DataFrame, hidden: int) -> pd.DataFrame:
+    out = frame.copy()
+    for col in ("instance_id", "prefill_instance_id"):
+        if col in out:
+            ids = out[col]
+            assert not (ids == hidden).any(), f"a request reached the unlisted instance {hidden}"
+            out[col] = ids.where(~(ids > hidden), ids - 1)
+    return out
+
+
+def _compare(small: Any, large: Any, hidden: int) -> None:
+    want = small.requests.reset_index(drop=True)
+    got = _renumbered(large.requests, hidden).reset_index(drop=True)
+    assert (want.status.astype(str) == "finished").mean() > 0.9
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    ev_want = small.router_events.reset_index(drop=True)
+    ev_got = _renumbered(large.router_events, hidden).reset_index(drop=True)
+    pd.testing.assert_frame_equal(ev_got, ev_want, check_dtype=False)
+
+
+@pytest.mark.parametrize("case", COLOCATED, ids=_label)
+def test_an_unlisted_instance_routes_like_a_cluster_without_it(case):
+    name, params = case
+    trace = _trace()
+    small = build_simulation(_config({"num_instances": 4}, name, params), trace).run()
+    sim = build_simulation(_config({"num_instances": 5}, name, params), trace)
+    sim.router.cluster = OmittingView(sim.router.cluster, HIDDEN)
+    shim = PositionsToIds(sim.router.policy)
+    sim.router.policy = shim
+    large = sim.run()
+    assert len(shim.positions) == len(trace)
+    _compare(small, large, HIDDEN)
+
+
+def _pd(prefill: int, decode: int, name: str, params: dict[str, Any]) -> Any:
+    pools = [{"name": "prefill", "role": "prefill", "num_instances": prefill},
+             {"name": "decode", "role": "decode", "num_instances": decode}]
+    cfg = _config({"pools": pools, "profile": {"name": PROFILE, "kv_bytes_per_token": 49152}}, name, params)
+    return cfg
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+@pytest.mark.parametrize("case", DISAGGREGATED, ids=_label)
+def test_an_unlisted_instance_of_a_role_routes_like_a_cluster_without_it(case, role):
+    name, params = case
+    trace = _trace()
+    small = build_simulation(_pd(2, 2, name, params), trace).run()
+    # 2P+3D hides the middle decode instance (id 3); 3P+2D the middle prefill one (id 1)
+    shape, hidden = ((2, 3), 3) if role == "decode" else ((3, 2), 1)
+    sim = build_simulation(_pd(*shape, name, params), trace)
+    sim.router.cluster = OmittingView(sim.router.cluster, hidden)
+    large = sim.run()
+    _compare(small, large, hidden)
+
+
+# ---------------------------------------------------------------- positions, not ids
+SPARSE_IDS = [1, 4, 6, 9]  # listed out of 11 allocated
+
+
+def _sparse_cluster(ctx: FakeContext, step: int) -> FakeCluster:
+    insts = []
+    for k, iid in enumerate(SPARSE_IDS):
+        v = FakeInstance(iid, num_running=(step + k) % 3, num_waiting=(step * k) % 4,
+                         total_tokens=100 * ((step + 2 * k) % 5), pending_prefill_tokens=32 * ((step + k) % 3),
+                         kv_usage=0.1 * k)
+        v.blocks = set(hashes("sys", 4 + k))
+        insts.append(v)
+    return FakeCluster(insts, ctx)
+
+
+@pytest.mark.parametrize("case", COLOCATED, ids=_label)
+def test_a_policy_answers_a_position_among_the_listed_instances(case):
+    """Ids up to 9 are listed in 4 positions: a policy that answers an id, or keeps state
+    sized by the listed count and indexes it by id, goes out of range or fails here."""
+    name, params = case
+    ctx = FakeContext(num_instances=11, seed=1)
+    policy = POLICIES.create(name, json.loads(json.dumps(params)))
+    policy.bind(ctx)
+    for step in range(60):
+        ctx.advance(step * 0.25)
+        cluster = _sparse_cluster(ctx, step)
+        req = make_request(160, hashes("sys", 4) + hashes(("u", step), 6), arrived_at=ctx.t,
+                           class_id=step % 3, slo_class=step % 2)
+        k = policy.choose(req, cluster)
+        assert isinstance(k, int) and 0 <= k < len(SPARSE_IDS), k
+        policy.on_routed(req, SPARSE_IDS[k])
+        if step % 2:
+            policy.on_finished(req)
