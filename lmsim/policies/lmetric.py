@@ -16,6 +16,7 @@ from lmsim.policies._common import (
     check_bool,
     check_choice,
     check_number,
+    listed_ids,
     pick_min,
 )
 from lmsim.policies.base import POLICIES, ClusterView, Policy
@@ -164,8 +165,7 @@ class LMetric(Policy):
         elif self.bs_source == "engine":
             bs = [v.batch_size for v in inst]
         else:
-            self.inflight.ensure(len(inst))
-            bs = self.inflight.counts[: len(inst)]
+            bs = self.inflight.of(listed_ids(cluster))
         if self.bs_plus_one:
             bs = [b + 1 for b in bs]
         return p, bs
