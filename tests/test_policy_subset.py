@@ -110,7 +110,8 @@ DISAGGREGATED: list[tuple[str, dict[str, Any]]] = [
 
 def _label(case: tuple[str, dict[str, Any]]) -> str:
     name, params = case
-    return f"{name}-{json.dumps(params, sort_keys=True)}" if params else name
+    parts = [k if isinstance(v, dict | list) else f"{k}={v}" for k, v in params.items()]
+    return "-".join([name, *parts])
 
 
 def _trace() -> Any:
@@ -214,8 +215,7 @@ def test_an_unlisted_instance_routes_like_a_cluster_without_it(case):
 def _pd(prefill: int, decode: int, name: str, params: dict[str, Any]) -> Any:
     pools = [{"name": "prefill", "role": "prefill", "num_instances": prefill},
              {"name": "decode", "role": "decode", "num_instances": decode}]
-    cfg = _config({"pools": pools, "profile": {"name": PROFILE, "kv_bytes_per_token": 49152}}, name, params)
-    return cfg
+    return _config({"pools": pools}, name, params)
 
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
@@ -265,3 +265,25 @@ def test_a_policy_answers_a_position_among_the_listed_instances(case):
         policy.on_routed(req, SPARSE_IDS[k])
         if step % 2:
             policy.on_finished(req)
+
+
+def test_a_pool_view_lists_the_roles_routable_instances_under_role_local_ids():
+    """Decode ids 2..5 are role-local 0..3; the cluster lists ids 0, 2, 3, 5 (1 and 4 are not
+    routable). The decode side sees positions 0, 1, 2 = local ids 0, 1, 3 (global 2, 3, 5),
+    cluster positions 1, 2, 3, so its prefix hits are the cluster's entries 1..3."""
+    from lmsim.policies.disagg import PoolView
+
+    insts = [FakeInstance(i, num_waiting=10 * i) for i in (0, 2, 3, 5)]
+    cluster = FakeCluster(insts)
+    cluster.cached_override = [0, 16, 32, 48]
+    local = {2: 0, 3: 1, 4: 2, 5: 3}
+    wrapped: dict = {}
+    view = PoolView(cluster, local, wrapped)
+    assert [v.instance_id for v in view.instances] == [0, 1, 3]
+    assert [v.num_waiting for v in view.instances] == [20, 30, 50]  # read through, live
+    insts[3].num_waiting = 7
+    assert view.instances[2].num_waiting == 7
+    assert view.instances[2].pool == "default" and view.instances[2].max_num_seqs == 256
+    assert view.cached_prefix_tokens(make_request(64)) == [16, 32, 48]
+    again = PoolView(cluster, local, wrapped)
+    assert all(a is b for a, b in zip(again.instances, view.instances))  # kept between decisions
