@@ -29,6 +29,7 @@ from lmsim.config import validate
 from lmsim.policies import POLICIES
 from lmsim.study.compose import build_simulation
 from lmsim.study.experiment import load_workload_trace
+from lmsim.workload.generators import generate
 
 HIDDEN = 2  # the instance the 5-instance run never lists
 
@@ -198,18 +199,34 @@ def _compare(small: Any, large: Any, hidden: int) -> None:
     pd.testing.assert_frame_equal(ev_got, ev_want, check_dtype=False)
 
 
-@pytest.mark.parametrize("case", COLOCATED, ids=_label)
-def test_an_unlisted_instance_routes_like_a_cluster_without_it(case):
-    name, params = case
-    trace = _trace()
-    small = build_simulation(_config({"num_instances": 4}, name, params), trace).run()
+def _colocated_pair(name: str, params: dict[str, Any], trace: Any) -> tuple[Any, Any]:
+    """(the 4-instance simulation, run; the 5-instance one with HIDDEN unlisted, run)."""
+    small = build_simulation(_config({"num_instances": 4}, name, params), trace)
+    small_results = small.run()
     sim = build_simulation(_config({"num_instances": 5}, name, params), trace)
     sim.router.cluster = OmittingView(sim.router.cluster, HIDDEN)
     shim = PositionsToIds(sim.router.policy)
     sim.router.policy = shim
     large = sim.run()
     assert len(shim.positions) == len(trace)
-    _compare(small, large, HIDDEN)
+    _compare(small_results, large, HIDDEN)
+    return small, sim
+
+
+@pytest.mark.parametrize("case", COLOCATED, ids=_label)
+def test_an_unlisted_instance_routes_like_a_cluster_without_it(case):
+    _colocated_pair(*case, _trace())
+
+
+def test_the_hotspot_detector_filters_alike_with_an_unlisted_instance():
+    """A burst of one shared prefix (the `hotspot` generator) that the detector alarms on,
+    so the filtered picks over M-bar are compared too, not only plain LMetric."""
+    trace = generate("hotspot", {"duration_s": 60, "burst_start_min": 0.25, "burst_duration_s": 30, "rate": 3.0,
+                                 "burst_rate": 12.0, "max_output_tokens": 150}, seed=1)
+    params = {"window_s": 10.0, "min_window_requests": 5, "log_interval_s": 5.0, "p_token": "request"}
+    small, large = _colocated_pair("lmetric_hotspot", params, trace)
+    assert small.policy.filtered_decisions > 20  # 52 on this trace
+    assert large.policy.filtered_decisions == small.policy.filtered_decisions
 
 
 def _pd(prefill: int, decode: int, name: str, params: dict[str, Any]) -> Any:
