@@ -25,11 +25,22 @@ from lmsim.routing import (
 __all__ = ["capped_blocks", "check_bool", "check_choice", "check_number"]  # re-exported for the families
 
 
-def listed_ids(cluster: Any) -> list[int]:
+def listed_ids(cluster: Any, num_instances: int) -> Sequence[int]:
     """The instance ids of `cluster.instances`, by position: what a policy keys its own
-    per-instance state by (the listed instances may be a subset of those allocated, so a
-    position is not an id; `lmsim.routing`)."""
-    return [v.instance_id for v in cluster.instances]
+    per-instance state by (the listed instances may be a subset of the `num_instances`
+    allocated, so a position is not an id; `lmsim.routing`). When all are listed the ids
+    are 0..num_instances-1 in order, `range(num_instances)`, read without the views."""
+    instances = cluster.instances
+    if len(instances) == num_instances:
+        return range(num_instances)
+    return [v.instance_id for v in instances]
+
+
+def id_bound(ids: Sequence[int]) -> int:
+    """One more than the largest of `ids` (0 for none): how long a list by id must be."""
+    if type(ids) is range:
+        return len(ids)
+    return max(ids) + 1 if ids else 0
 
 
 class InflightCounter:
@@ -52,11 +63,10 @@ class InflightCounter:
 
     def of(self, ids: Sequence[int]) -> list[int]:
         """The counts of the instances `ids` (a listed subset, by position)."""
+        self.ensure(id_bound(ids))
         counts = self.counts
-        if ids:
-            top = max(ids)
-            if top >= len(counts):
-                self.ensure(top + 1)
+        if type(ids) is range:  # every instance listed: positions are ids
+            return counts[: len(ids)]
         return [counts[i] for i in ids]
 
     def routed(self, request: Request, instance_id: int) -> None:

@@ -67,7 +67,7 @@ class SglangCacheAware(Policy):
         return len(self.trees[i]) * self.ctx.block_size if i < len(self.trees) else 0
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        ids = listed_ids(cluster)
+        ids = listed_ids(cluster, self.ctx.num_instances)
         load = self.inflight.of(ids)
         lo, hi = min(load), max(load)
         if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:

@@ -36,7 +36,7 @@ class AIBrixPrefixCache(Policy):
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         n = len(cluster.instances)
-        load = self.inflight.of(listed_ids(cluster))
+        load = self.inflight.of(listed_ids(cluster, self.ctx.num_instances))
         lo, hi = min(load), max(load)
         rng = self.ctx.rng
         if hi - lo > self.imbalance_abs:

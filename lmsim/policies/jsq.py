@@ -65,7 +65,7 @@ class VllmJSQ(Policy):
                 self._publish(cluster.now)
             assert self._waiting is not None
             running, waiting = self._running, self._waiting
-            scores = [wr * running[i] + ww * waiting[i] for i in listed_ids(cluster)]
+            scores = [wr * running[i] + ww * waiting[i] for i in listed_ids(cluster, self.ctx.num_instances)]
         else:
             scores = [wr * v.num_running + ww * v.num_waiting for v in cluster.instances]
         if self.start_index == 0:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_choice, check_number, listed_ids, pick_min
+from lmsim.policies._common import (
+    check_bool,
+    check_choice,
+    check_number,
+    id_bound,
+    listed_ids,
+    pick_min,
+)
 from lmsim.policies.base import POLICIES, ClusterView, Policy, argmin_random
 
 
@@ -172,7 +179,7 @@ class Dynamo(Policy):
         self.active_unique: list[int] = []  # blocks no other request can share
         self._live: dict[int, _Live] = {}
         # (request_id, the listed ids, the prefill tokens a booking there would add, by position)
-        self._last: tuple[int, list[int], list[int]] | None = None
+        self._last: tuple[int, Sequence[int], list[int]] | None = None
 
     @contextmanager
     def overridden(
@@ -219,9 +226,8 @@ class Dynamo(Policy):
 
     def logits(self, request: Request, cluster: ClusterView) -> list[float]:
         """Dynamo's cost for `request` of each listed worker, by position (lower is better)."""
-        ids = listed_ids(cluster)
-        if ids:
-            self._ensure(max(ids) + 1)
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        self._ensure(id_bound(ids))
         bsz = cluster.block_size
         isl = request.input_tokens
         lower: list[float] | None = None

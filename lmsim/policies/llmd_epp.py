@@ -34,11 +34,11 @@ import hashlib
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_choice, check_number, listed_ids, pick_min
+from lmsim.policies._common import check_choice, check_number, id_bound, listed_ids, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 _HASH_BYTES = 8  # xxhash64 in GIE; blake2b-64 here: any stable 64-bit hash matches alike
@@ -156,7 +156,7 @@ class PerServerLru:
                         del self.holders[old]
             self.holders.setdefault(h, set()).add(server)
 
-    def match(self, hashes: list[Any], ids: list[int]) -> list[int]:
+    def match(self, hashes: list[Any], ids: Sequence[int]) -> list[int]:
         """GIE `matchLongestPrefix`: walk the blocks while ANY server holds the block, and
         credit every server holding it (no intersection: a server missing an earlier block
         still scores a later one it holds while another server keeps the walk going).
@@ -165,7 +165,7 @@ class PerServerLru:
         a pod's hashes only as its LRU evicts them, not when the pod leaves
         (`indexer.go` at `e7255c8f`: no removal path), and `Score` reads the candidates'
         counts only."""
-        counts = [0] * (max(ids) + 1 if ids else 0)
+        counts = [0] * id_bound(ids)
         n = len(counts)
         for h in hashes:
             pods = self.holders.get(h)
@@ -174,7 +174,7 @@ class PerServerLru:
             for s in pods:
                 if s < n:
                     counts[s] += 1
-        return [counts[i] for i in ids]
+        return counts if type(ids) is range else [counts[i] for i in ids]
 
 
 class ApproxPrefixScorer(EppScorer):
@@ -246,7 +246,7 @@ class ApproxPrefixScorer(EppScorer):
         total = len(hashes)
         if total == 0:
             return [0.0] * len(cluster.instances)
-        return [m / total for m in self.index.match(hashes, listed_ids(cluster))]
+        return [m / total for m in self.index.match(hashes, listed_ids(cluster, self.ctx.num_instances))]
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         self.index.add(self.hashes(request), instance_id)
@@ -370,8 +370,12 @@ class ActiveRequestScorer(EppScorer):
             self.counts[pod] -= 1
 
     def score(self, request: Request, cluster: ClusterView) -> list[float]:
+        ids = listed_ids(cluster, self.ctx.num_instances)
         known = self.counts
-        counts = [known[i] if i < len(known) else 0 for i in listed_ids(cluster)]
+        if type(ids) is range:
+            counts = (known + [0] * len(ids))[: len(ids)]
+        else:
+            counts = [known[i] if i < len(known) else 0 for i in ids]
         top = max(counts)
         return [1.0 if c <= self.idle else (top - c) / top * self.max_busy for c in counts]
 

@@ -165,7 +165,7 @@ class LMetric(Policy):
         elif self.bs_source == "engine":
             bs = [v.batch_size for v in inst]
         else:
-            bs = self.inflight.of(listed_ids(cluster))
+            bs = self.inflight.of(listed_ids(cluster, self.ctx.num_instances))
         if self.bs_plus_one:
             bs = [b + 1 for b in bs]
         return p, bs

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, estimator_cost_models, listed_ids
+from lmsim.policies._common import (
+    check_bool,
+    check_number,
+    estimator_cost_models,
+    id_bound,
+    listed_ids,
+)
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -128,7 +135,7 @@ class Preble(Policy):
         self.routed = 0
         self._req: dict[int, tuple[int, _Node | None]] = {}  # request -> (gpu, important node)
         self._pending: tuple[int, list[_Node], _Node | None] | None = None
-        self._listed: list[int] = []  # the GPU ids listed at the last decision
+        self._listed: Sequence[int] = []  # the GPU ids listed at the last decision
         self.moves = 0
         self.replications = 0
 
@@ -256,8 +263,8 @@ class Preble(Policy):
 
     # ---- routing -----------------------------------------------------------------------
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        ids = listed_ids(cluster)
-        self._ensure(max(ids) + 1)
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        self._ensure(id_bound(ids))
         self._listed = ids
         n = len(ids)
         now = cluster.now
@@ -276,11 +283,12 @@ class Preble(Policy):
             ]
         choice = -1
         if matched > new:  # exploit: more cached than new tokens
-            position = {g: k for k, g in enumerate(ids)}
+            # every GPU listed: positions are ids
+            position = None if type(ids) is range else {g: k for k, g in enumerate(ids)}
             for node in reversed(path):  # a new leaf has no allocation yet, so it is skipped
                 # a GPU that is not listed now does not hold the prefix for routing: the
                 # nearest ancestor allocated to a listed one does
-                listed = [position[g] for g in node.alloc if g in position]
+                listed = node.alloc if position is None else [position[g] for g in node.alloc if g in position]
                 if listed:
                     choice = listed[0] if len(listed) == 1 else min(listed, key=lambda k: (costs[k], k))
                     break
