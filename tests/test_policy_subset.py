@@ -250,12 +250,13 @@ def test_an_unlisted_instance_of_a_role_routes_like_a_cluster_without_it(case, r
 
 
 # ---------------------------------------------------------------- positions, not ids
-SPARSE_IDS = [1, 4, 6, 9]  # listed out of 11 allocated
+# listed out of 11 allocated, changing every 10 decisions (instances leave and come back)
+SUBSETS = [[1, 4, 6, 9], [0, 4, 9], [1, 2, 3, 6, 9, 10]]
 
 
 def _sparse_cluster(ctx: FakeContext, step: int) -> FakeCluster:
     insts = []
-    for k, iid in enumerate(SPARSE_IDS):
+    for k, iid in enumerate(SUBSETS[(step // 10) % len(SUBSETS)]):
         v = FakeInstance(iid, num_running=(step + k) % 3, num_waiting=(step * k) % 4,
                          total_tokens=100 * ((step + 2 * k) % 5), pending_prefill_tokens=32 * ((step + k) % 3),
                          kv_usage=0.1 * k)
@@ -266,22 +267,53 @@ def _sparse_cluster(ctx: FakeContext, step: int) -> FakeCluster:
 
 @pytest.mark.parametrize("case", COLOCATED, ids=_label)
 def test_a_policy_answers_a_position_among_the_listed_instances(case):
-    """Ids up to 9 are listed in 4 positions: a policy that answers an id, or keeps state
-    sized by the listed count and indexes it by id, goes out of range or fails here."""
+    """Ids up to 10 are listed in 3 to 6 positions, the set changing as the run goes: a
+    policy that answers an id, or keeps state sized by the listed count and indexes it by id,
+    goes out of range or fails here. Prompts share 8 of their 10 blocks, so prefix policies
+    exploit where they sent the prefix before (preble's allocations, the trees, the LRUs)."""
     name, params = case
     ctx = FakeContext(num_instances=11, seed=1)
     policy = POLICIES.create(name, json.loads(json.dumps(params)))
     policy.bind(ctx)
-    for step in range(60):
+    for step in range(90):
         ctx.advance(step * 0.25)
         cluster = _sparse_cluster(ctx, step)
-        req = make_request(160, hashes("sys", 4) + hashes(("u", step), 6), arrived_at=ctx.t,
+        req = make_request(160, hashes("sys", 8) + hashes(("u", step), 2), arrived_at=ctx.t,
                            class_id=step % 3, slo_class=step % 2)
         k = policy.choose(req, cluster)
-        assert isinstance(k, int) and 0 <= k < len(SPARSE_IDS), k
-        policy.on_routed(req, SPARSE_IDS[k])
+        assert isinstance(k, int) and 0 <= k < len(cluster.instances), k
+        policy.on_routed(req, cluster.instances[k].instance_id)
         if step % 2:
             policy.on_finished(req)
+
+
+def test_round_robin_continues_after_the_last_chosen_id():
+    """Ids 0..3; it sends to 0 and 1, then id 1 leaves (listed 0, 2, 3): the next is id 2
+    (position 1), not position 2 (id 3, which would skip id 2); with 1 back (0..3) the next
+    is id 3, then it wraps to 0."""
+    ctx = FakeContext(num_instances=4)
+    policy = POLICIES.create("round_robin", {})
+    policy.bind(ctx)
+    full = FakeCluster([FakeInstance(i) for i in range(4)], ctx)
+    without_1 = FakeCluster([FakeInstance(i) for i in (0, 2, 3)], ctx)
+    picks = [policy.choose(make_request(32), c) for c in (full, full, without_1, full, full)]
+    assert picks == [0, 1, 1, 3, 0]
+
+
+def test_preble_does_not_exploit_an_allocation_on_an_unlisted_gpu():
+    """A prefix routed while only GPU 2 was listed is allocated to GPU 2. When GPUs 0 and 1
+    are listed instead, a request with that prefix (8 of 10 blocks cached: exploit) finds
+    no listed GPU holding it and explores: both cost 0, the lowest id, position 0."""
+    ctx = FakeContext(num_instances=3)
+    policy = POLICIES.create("preble", {})
+    policy.bind(ctx)
+    only_2 = FakeCluster([FakeInstance(2)], ctx)
+    for k in range(2):
+        req = make_request(160, hashes("sys", 8) + hashes(("a", k), 2))
+        assert policy.choose(req, only_2) == 0
+        policy.on_routed(req, 2)
+    req = make_request(160, hashes("sys", 8) + hashes("b", 2))
+    assert policy.choose(req, FakeCluster([FakeInstance(0), FakeInstance(1)], ctx)) == 0
 
 
 def test_a_pool_view_lists_the_roles_routable_instances_under_role_local_ids():
