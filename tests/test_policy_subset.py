@@ -14,6 +14,11 @@ both, so it draws per listed instance.
 Disaggregated policies: 2 prefill + 3 decode with a decode instance hidden, and 3 prefill +
 2 decode with a prefill instance hidden, against 2 + 2; the side policies see role-local
 ids (`lmsim.policies.disagg.PoolView`).
+
+Then: every policy answers a position among the listed instances while the listed set
+changes (hand-built views with ids up to 10, and engine runs where instances leave the list
+and come back), and two hand-computed cases (round robin continuing by id, Preble not
+exploiting a GPU that is not listed).
 """
 
 from __future__ import annotations
@@ -336,3 +341,95 @@ def test_a_pool_view_lists_the_roles_routable_instances_under_role_local_ids():
     assert view.cached_prefix_tokens(make_request(64)) == [16, 32, 48]
     again = PoolView(cluster, local, wrapped)
     assert all(a is b for a, b in zip(again.instances, view.instances))  # kept between decisions
+
+
+# ---------------------------------------------------------------- a changing routable set
+class ChangingView:
+    """The engine's view with the listed set changing over the run: `hidden(now)` is the id
+    not listed at that time (None: all listed). Requests already on a hidden instance run on."""
+
+    def __init__(self, base: Any, hidden: Any) -> None:
+        self._base = base
+        self._hidden = hidden
+        self.block_size = base.block_size
+        self.has_kv_tiers = base.has_kv_tiers
+
+    @property
+    def now(self) -> float:
+        return self._base.now
+
+    @property
+    def instances(self) -> list[Any]:
+        h = self._hidden(self._base.now)
+        return [v for v in self._base.instances if v.instance_id != h]
+
+    def cached_prefix_tokens(self, request: Any) -> list[int]:
+        h = self._hidden(self._base.now)
+        full = self._base.cached_prefix_tokens(request)
+        return [c for v, c in zip(self._base.instances, full) if v.instance_id != h]
+
+    def cached_prefix_tokens_by_tier(self, request: Any) -> list[tuple[int, int, int]]:
+        h = self._hidden(self._base.now)
+        full = self._base.cached_prefix_tokens_by_tier(request)
+        return [c for v, c in zip(self._base.instances, full) if v.instance_id != h]
+
+
+def _hidden_over_time(first: int, second: int) -> Any:
+    """`first` unlisted for the first 4 s, all listed until 8 s, then `second`."""
+    return lambda now: first if now < 4.0 else (None if now < 8.0 else second)
+
+
+class ListedOnly:
+    """Checks every answer against what the view listed when it was given."""
+
+    def __init__(self, policy: Any, view: ChangingView) -> None:
+        self._policy = policy
+        self._view = view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def _listed(self) -> set[int]:
+        return {v.instance_id for v in self._view.instances}
+
+    def choose(self, request: Any, cluster: Any) -> int:
+        k = self._policy.choose(request, cluster)
+        assert 0 <= k < len(cluster.instances), f"position {k} outside the {len(cluster.instances)} listed"
+        return cluster.instances[k].instance_id
+
+    def choose_pair(self, request: Any, cluster: Any) -> tuple[int | None, int | None]:
+        pair = self._policy.choose_pair(request, cluster)
+        assert {i for i in pair if i is not None} <= self._listed(), (pair, self._listed())
+        return pair
+
+    def choose_decode(self, request: Any, cluster: Any) -> int:
+        d = self._policy.choose_decode(request, cluster)
+        assert d in self._listed(), (d, self._listed())
+        return d
+
+
+def _defaults(cases: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for name, params in cases:
+        seen.setdefault(name, params)
+    return list(seen.items())
+
+
+@pytest.mark.parametrize("case", _defaults(COLOCATED) + DISAGGREGATED, ids=_label)
+def test_instances_leaving_and_coming_back_are_routed_around(case):
+    """Instance 1 is unlisted for the first 4 s, every one until 8 s, then instance 3: no
+    request is sent where the view did not list, and every request finishes (the engine's
+    invariants checked throughout)."""
+    name, params = case
+    disaggregated = name in {n for n, _ in DISAGGREGATED}
+    cfg = _pd(2, 3, name, params) if disaggregated else _config({"num_instances": 5}, name, params)
+    sim = build_simulation(cfg, _trace())
+    view = ChangingView(sim.router.cluster, _hidden_over_time(1, 3))
+    sim.router.cluster = view
+    sim.router.policy = ListedOnly(sim.router.policy, view)
+    results = sim.run()
+    assert (results.requests.status.astype(str) == "finished").all()
+    req = results.requests
+    if not disaggregated:  # (ListedOnly checks the pairs; a decode id may come after routed_at)
+        assert not ((req.routed_at < 4.0) & (req.instance_id == 1)).any()
+        assert not ((req.routed_at >= 8.0) & (req.instance_id == 3)).any()
