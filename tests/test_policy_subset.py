@@ -126,13 +126,13 @@ def _trace() -> Any:
     return _trace.cached  # type: ignore[attr-defined]
 
 
-def _config(cluster: dict[str, Any], policy: str, params: dict[str, Any]) -> Any:
+def _config(cluster: dict[str, Any], policy: str, params: dict[str, Any], view: dict[str, Any] | None = None) -> Any:
     raw = {
         "name": "subset",
         "seed": 5,
         "workload": WORKLOAD,
         "cluster": {"profile": PROFILE, **ENGINE, **cluster},
-        "router": {"policy": policy, "params": params},
+        "router": {"policy": policy, "params": params, "view": view or {}},
         "simulation": {"check": True},
         "output": {"figures": False},
     }
@@ -204,11 +204,13 @@ def _compare(small: Any, large: Any, hidden: int) -> None:
     pd.testing.assert_frame_equal(ev_got, ev_want, check_dtype=False)
 
 
-def _colocated_pair(name: str, params: dict[str, Any], trace: Any) -> tuple[Any, Any]:
+def _colocated_pair(
+    name: str, params: dict[str, Any], trace: Any, view: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
     """(the 4-instance simulation, run; the 5-instance one with HIDDEN unlisted, run)."""
-    small = build_simulation(_config({"num_instances": 4}, name, params), trace)
+    small = build_simulation(_config({"num_instances": 4}, name, params, view), trace)
     small_results = small.run()
-    sim = build_simulation(_config({"num_instances": 5}, name, params), trace)
+    sim = build_simulation(_config({"num_instances": 5}, name, params, view), trace)
     sim.router.cluster = OmittingView(sim.router.cluster, HIDDEN)
     shim = PositionsToIds(sim.router.policy)
     sim.router.policy = shim
@@ -221,6 +223,26 @@ def _colocated_pair(name: str, params: dict[str, Any], trace: Any) -> tuple[Any,
 @pytest.mark.parametrize("case", COLOCATED, ids=_label)
 def test_an_unlisted_instance_routes_like_a_cluster_without_it(case):
     _colocated_pair(*case, _trace())
+
+
+VIEWS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("sglang", {}, {"kv_view": "approximate", "approx_ttl_s": None}),
+    ("dynamo", {}, {"kv_view": "approximate", "approx_ttl_s": 5.0}),
+    ("dynamo", {}, {"kv_view": "events", "kv_event_delay_s": 0.05}),
+    ("llmd_scorer", {}, {"kv_view": "events", "kv_event_delay_s": 0.05, "load_view": "scraped"}),
+    ("aibrix", {}, {"load_view": "scraped", "scrape_interval_s": 0.2}),
+    ("lmetric", {}, {"metrics_path": "llm-d"}),
+    ("llmd", {}, {"load_view": "scraped", "scrape_interval_s": 0.1}),
+    ("llmd_epp", {"preset": "precise-prefix-cache_load"}, {"kv_view": "events", "metrics_path": "llm-d"}),
+]
+
+
+@pytest.mark.parametrize("case", VIEWS, ids=lambda c: f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in c[2].items())}")
+def test_an_unlisted_instance_routes_alike_through_the_router_view(case):
+    """The router's view of KV (approximate index, KV events) and load (scraped) in front
+    of the policy answers per listed instance too (`lmsim.engine.views.ViewAdapter`)."""
+    name, params, view = case
+    _colocated_pair(name, params, _trace(), view)
 
 
 def test_the_hotspot_detector_filters_alike_with_an_unlisted_instance():
@@ -395,7 +417,9 @@ class ListedOnly:
     def choose(self, request: Any, cluster: Any) -> int:
         k = self._policy.choose(request, cluster)
         assert 0 <= k < len(cluster.instances), f"position {k} outside the {len(cluster.instances)} listed"
-        return cluster.instances[k].instance_id
+        chosen = cluster.instances[k].instance_id
+        assert chosen in self._listed(), (chosen, self._listed())
+        return chosen
 
     def choose_pair(self, request: Any, cluster: Any) -> tuple[int | None, int | None]:
         pair = self._policy.choose_pair(request, cluster)
@@ -415,14 +439,18 @@ def _defaults(cases: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
     return list(seen.items())
 
 
-@pytest.mark.parametrize("case", _defaults(COLOCATED) + DISAGGREGATED, ids=_label)
+_LEAVING = [(name, params, None) for name, params in _defaults(COLOCATED) + DISAGGREGATED] + VIEWS
+
+
+@pytest.mark.parametrize("case", _LEAVING, ids=lambda c: _label(c[:2]) + ("-view" if c[2] else ""))
 def test_instances_leaving_and_coming_back_are_routed_around(case):
     """Instance 1 is unlisted for the first 4 s, every one until 8 s, then instance 3: no
     request is sent where the view did not list, and every request finishes (the engine's
-    invariants checked throughout)."""
-    name, params = case
+    invariants checked throughout). With a router view too: its scraped proxies and its
+    KV indexes follow the listed set."""
+    name, params, view = case
     disaggregated = name in {n for n, _ in DISAGGREGATED}
-    cfg = _pd(2, 3, name, params) if disaggregated else _config({"num_instances": 5}, name, params)
+    cfg = _pd(2, 3, name, params) if disaggregated else _config({"num_instances": 5}, name, params, view)
     sim = build_simulation(cfg, _trace())
     view = ChangingView(sim.router.cluster, _hidden_over_time(1, 3))
     sim.router.cluster = view
@@ -433,3 +461,34 @@ def test_instances_leaving_and_coming_back_are_routed_around(case):
     if not disaggregated:  # (ListedOnly checks the pairs; a decode id may come after routed_at)
         assert not ((req.routed_at < 4.0) & (req.instance_id == 1)).any()
         assert not ((req.routed_at >= 8.0) & (req.instance_id == 3)).any()
+
+
+def test_the_scraped_router_view_follows_the_listed_instances_between_scrapes():
+    """Scraped every 1 s: at t=0 the view lists ids 0, 1, 2 (waiting 5, 6, 7), and then
+    their live counts become 50, 60, 70. Instance 1 leaves at t=0.5: the router's view
+    lists 0 and 2 at once, with the t=0 scrape's counts 5 and 7; the scrape at t=1 reads
+    50 and 70. An approximate index answers for the listed ones only: a prompt sent to
+    instance 2 hits 3 blocks = 48 tokens there, 0 on instance 0."""
+    from lmsim.engine.views import ViewAdapter
+
+    ctx = FakeContext(num_instances=3)
+    adapter = ViewAdapter(load_view="scraped", scrape_interval_s=1.0, kv_view="approximate")
+    adapter.bind(ctx)
+    insts = [FakeInstance(i, num_waiting=5 + i) for i in range(3)]
+    base = FakeCluster(insts, ctx)
+    assert [v.num_waiting for v in adapter.wrap(base).instances] == [5, 6, 7]
+    for v in insts:
+        v.num_waiting *= 10
+    ctx.advance(0.5)
+    base.instances = [insts[0], insts[2]]
+    view = adapter.wrap(base)
+    assert [v.instance_id for v in view.instances] == [0, 2]
+    assert [v.num_waiting for v in view.instances] == [5, 7]
+    ctx.advance(1.0)
+    assert [v.num_waiting for v in adapter.wrap(base).instances] == [50, 70]
+    sent = make_request(64, hashes("p", 4))
+    adapter.on_routed(sent, 2)
+    again = make_request(64, hashes("p", 4))
+    view = adapter.wrap(base)
+    assert view.cached_prefix_tokens(again) == [0, 48]
+    assert [v.cached_prefix_tokens(again) for v in view.instances] == [0, 48]
