@@ -86,6 +86,8 @@ class LocalView:
         self.max_num_seqs = view.max_num_seqs
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_view":  # not set yet (a copy being built): no view to ask
+            raise AttributeError(name)
         return getattr(self._view, name)
 
     def cached_prefix_tokens(self, request: Request) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import argmin_rotating, check_number, listed_ids
+from lmsim.policies._common import argmin_rotating, check_number, id_bound, listed_ids
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
 
 
@@ -49,7 +49,7 @@ class VllmJSQ(Policy):
     def _publish(self, now: float) -> None:
         if self._cluster is not None:
             # by instance id; an instance not listed now publishes nothing (counts 0)
-            n = max(self.ctx.num_instances, 1 + max((v.instance_id for v in self._cluster.instances), default=-1))
+            n = max(self.ctx.num_instances, id_bound(listed_ids(self._cluster, self.ctx.num_instances)))
             waiting, running = [0] * n, [0] * n
             for v in self._cluster.instances:
                 waiting[v.instance_id] = v.num_waiting
