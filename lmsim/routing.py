@@ -10,6 +10,17 @@ constructor arguments are its YAML `params`. For each arriving request the route
 only through the read-only views below; they never reach into instance internals, and they
 must not read the request's `output_tokens` (a real router cannot know it).
 
+Positions and ids. `cluster.instances` lists the instances the router may send to now (the
+routable ones, in id order): all of them unless instances start, drain or fail during the
+run (`fleet:`), and then a subset of the `ctx.num_instances` allocated. `choose` answers a
+position in that list; the router sends the request to `cluster.instances[k].instance_id`.
+Every per-instance list a view returns (`cached_prefix_tokens`, ...) is by position too.
+The hooks (`on_routed`, KV events, `ctx.cost_models`) speak ids, so whatever a policy keeps
+per instance (in-flight counts, prefix indexes, bins, windows) is keyed by
+`InstanceView.instance_id`, never by position. With every instance listed a position is
+the id. A policy on one side of a disaggregated cluster sees role-local ids (0..n-1 over
+that role's instances, `lmsim.policies.disagg.PoolView`).
+
 Views are cheap live proxies: reading an attribute computes it from the instance's state at
 the current simulated time. `ClusterView.cached_prefix_tokens(request)` gives every
 instance's exact prefix-cache hit in one pass over a global block-hash index.
@@ -47,7 +58,7 @@ class RequestView(Protocol):
 
 
 class InstanceView(Protocol):
-    instance_id: int  # position in the cluster, 0-based; what `choose` returns
+    instance_id: int  # the instance's id for the run (0-based; role-local on a P/D side): key state by it
     pool: str  # the pool's name ("default" without cluster.pools)
     role: str  # both | prefill | decode
     cost_model: Any  # the instance's own StepCostModel (mixed fleets differ per pool)
@@ -86,15 +97,18 @@ class InstanceView(Protocol):
 
 
 class ClusterView(Protocol):
-    instances: Sequence[InstanceView]  # by instance_id
+    instances: Sequence[InstanceView]  # the routable instances, in id order; `choose` answers a position here
     now: float  # simulated seconds
     block_size: int  # tokens per KV block
     has_kv_tiers: bool  # some instance keeps KV in host memory or on disk (lmsim.engine.kv_tiers)
 
-    def cached_prefix_tokens(self, request: RequestView) -> list[int]: ...
+    def cached_prefix_tokens(self, request: RequestView) -> list[int]:
+        """Per listed instance, by position: `InstanceView.cached_prefix_tokens`, all in one
+        pass."""
+        ...
 
     def cached_prefix_tokens_by_tier(self, request: RequestView) -> list[tuple[int, int, int]]:
-        """Per instance (GPU, host, disk) tokens: the GPU prefix hit (as
+        """Per listed instance (GPU, host, disk) tokens: the GPU prefix hit (as
         `cached_prefix_tokens`), then the tokens continuing it in host memory, then those
         continuing that on disk: what the instance would load instead of computing."""
         ...
@@ -103,13 +117,13 @@ class ClusterView(Protocol):
 class RouterContext(Protocol):
     """What a policy may use besides the views, handed over once in `bind`."""
 
-    num_instances: int
+    num_instances: int  # instances allocated for the run (ids 0..num_instances-1), listed or not
     block_size: int
     max_num_batched_tokens: int  # the first pool's limits; each InstanceView carries its own
     max_num_seqs: int
     rng: np.random.Generator  # the policy's own seeded stream
     cost_model: Any  # the first pool's StepCostModel (the only one without cluster.pools)
-    cost_models: Sequence[Any]  # every instance's own StepCostModel, by position (mixed fleets)
+    cost_models: Sequence[Any]  # every instance's own StepCostModel, by instance_id (mixed fleets)
 
     def now(self) -> float: ...
 
@@ -143,9 +157,12 @@ class Policy:
         self.ctx = ctx
 
     def choose(self, request: RequestView, cluster: ClusterView) -> int:  # pragma: no cover
+        """The position in `cluster.instances` (0 <= k < len(cluster.instances)) of the
+        instance to send `request` to; the router maps it to that view's `instance_id`."""
         raise NotImplementedError
 
     def on_routed(self, request: RequestView, instance_id: int) -> None:
+        """`request` was sent to the instance with this id (an id, not a position)."""
         pass
 
     def on_first_token(self, request: RequestView) -> None:

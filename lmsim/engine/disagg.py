@@ -538,7 +538,7 @@ class DisaggContext:
         self._base.record_event(kind, **fields)
 
     def side(self, role: str) -> SideContext:
-        """A RouterContext over one role's instances (positions 0..n-1 of that role, in
+        """A RouterContext over one role's instances (role-local ids 0..n-1 of that role, in
         instance order), with its own seeded random stream."""
         ids = self.prefill_ids if role == "prefill" else self.decode_ids
         (child,) = self._seed.spawn(1)
@@ -546,8 +546,9 @@ class DisaggContext:
 
 
 class SideContext:
-    """A RouterContext restricted to the instances `ids`: a policy bound to it sees them as
-    positions 0..len(ids)-1; KV events and recorded instance ids are translated."""
+    """A RouterContext restricted to the instances `ids`: a policy bound to it knows them by
+    role-local ids 0..len(ids)-1 (its views, `lmsim.policies.disagg.PoolView`, list the
+    routable ones under those ids); KV events and recorded instance ids are translated."""
 
     def __init__(self, parent: DisaggContext, role: str, ids: list[int], rng: np.random.Generator) -> None:
         self._parent = parent

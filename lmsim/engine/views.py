@@ -33,6 +33,10 @@ period, named by router family (`METRICS_PATHS`) or given in seconds. It stands 
 keeps its load signals itself), so it cannot be combined with those two.
 
 With both switches exact, `wrap` returns the engine's view itself: zero overhead.
+When the engine's view lists only the routable instances (a fleet whose instances start,
+drain or fail), every answer here is per listed instance too: the indexes keep every
+allocated instance by id and are cut to the listed ones, snapshots are kept by instance id,
+and the proxies are remade when the listed instances change.
 Router-local counters (in-flight requests, Dynamo's active blocks) are not affected: policies
 keep those themselves, exact at dispatch, as the real routers do.
 
@@ -224,14 +228,24 @@ class EventPrefixIndex:
         return out
 
 
+def _listed(by_id: list[Any], base: ClusterView) -> list[Any]:
+    """An index's answer for every allocated instance, cut to those `base` lists, by
+    position (all of them: as it is)."""
+    instances = base.instances
+    if len(instances) == len(by_id):
+        return by_id
+    return [by_id[v.instance_id] for v in instances]
+
+
 class _InstanceProxy:
     """An instance as the router sees it: load from a snapshot (scraped mode) or the live
-    view, and the prefix hit from the adapter's KV view."""
+    view, and the prefix hit from the adapter's KV view (at its position in the list)."""
 
-    def __init__(self, adapter: ViewAdapter, live: InstanceView, snapshot: dict | None) -> None:
+    def __init__(self, adapter: ViewAdapter, live: InstanceView, snapshot: dict | None, position: int) -> None:
         self._adapter = adapter
         self._live = live
         self._snap = snapshot
+        self._position = position
         self.instance_id = live.instance_id
 
     def __getattr__(self, name: str) -> Any:
@@ -251,7 +265,7 @@ class _InstanceProxy:
         return self._live.step_in_flight()
 
     def cached_prefix_tokens(self, request: Request) -> int:
-        return self._adapter._cached_vector(request)[self.instance_id]
+        return self._adapter._cached_vector(request)[self._position]
 
 
 class _AdaptedCluster:
@@ -313,7 +327,7 @@ class ViewAdapter:
         self.events: EventPrefixIndex | None = None
         self._base: ClusterView | None = None
         self._wrapped: _AdaptedCluster | None = None
-        self._snapshots: list[dict] | None = None
+        self._snapshots: dict[int, dict] | None = None  # instance id -> its last scrape
         self._memo: tuple[int, float, list[int]] | None = None
         self._tier_memo: tuple[int, float, list[tuple[int, int, int]]] | None = None
 
@@ -339,20 +353,22 @@ class ViewAdapter:
     def _scrape(self, now: float) -> None:
         if self._base is None:
             return  # nothing routed yet: the first wrap takes the first snapshot
-        snaps = []
+        snaps = {}
         for v in self._base.instances:
             snap = {f: getattr(v, f) for f in _LOAD_FIELDS}
             snap["queued_prefills"] = tuple(v.queued_prefills())
             snap["step_in_flight"] = v.step_in_flight()  # as of the scrape, like the rest
-            snaps.append(snap)
+            snaps[v.instance_id] = snap
         self._snapshots = snaps
         self._rebuild()
 
     def _rebuild(self) -> None:
+        """One proxy per instance the base view lists now; an instance listed after the last
+        scrape reads its live load until the next one."""
         assert self._base is not None and self._wrapped is not None
         snaps = self._snapshots
         self._wrapped.instances = [
-            _InstanceProxy(self, v, snaps[k] if snaps is not None else None)
+            _InstanceProxy(self, v, snaps.get(v.instance_id) if snaps is not None else None, k)
             for k, v in enumerate(self._base.instances)
         ]
 
@@ -366,8 +382,13 @@ class ViewAdapter:
                 self._scrape(cluster.now)  # first snapshot; later ones come from ctx.every
             else:
                 self._rebuild()
-        assert self._wrapped is not None
-        return self._wrapped  # type: ignore[return-value]
+        wrapped = self._wrapped
+        assert wrapped is not None
+        listed = cluster.instances
+        proxies = wrapped.instances
+        if len(proxies) != len(listed) or any(p._live is not v for p, v in zip(proxies, listed)):
+            self._rebuild()  # the routable instances changed since the last decision
+        return wrapped  # type: ignore[return-value]
 
     def _remember(self, slot: str, request: Request, match: Any) -> Any:
         """`match(request, base, now)`, kept in `slot` while the request and the time are the
@@ -387,9 +408,9 @@ class ViewAdapter:
 
     def _match_gpu(self, request: Request, base: ClusterView, now: float) -> list[int]:
         if self.approx is not None:
-            return self.approx.match_tokens(request, base.block_size, now)
+            return _listed(self.approx.match_tokens(request, base.block_size, now), base)
         if self.events is not None:
-            return self.events.match_tokens(request, base.block_size, now)
+            return _listed(self.events.match_tokens(request, base.block_size, now), base)
         return base.cached_prefix_tokens(request)
 
     def _by_tier_vector(self, request: Request) -> list[tuple[int, int, int]]:
@@ -400,7 +421,7 @@ class ViewAdapter:
             return [(c, 0, 0) for c in self._cached_vector(request)]
         if self.events is not None:
             base.catch_up_kv_tiers()  # type: ignore[attr-defined]  # the tiers' events due by now
-            return self.events.match_tokens_by_tier(request, base.block_size, now)
+            return _listed(self.events.match_tokens_by_tier(request, base.block_size, now), base)
         return base.cached_prefix_tokens_by_tier(request)
 
     def on_routed(self, request: Request, instance_id: int) -> None:

@@ -25,8 +25,26 @@ from lmsim.routing import (
 __all__ = ["capped_blocks", "check_bool", "check_choice", "check_number"]  # re-exported for the families
 
 
+def listed_ids(cluster: Any, num_instances: int) -> Sequence[int]:
+    """The instance ids of `cluster.instances`, by position: what a policy keys its own
+    per-instance state by (the listed instances may be a subset of the `num_instances`
+    allocated, so a position is not an id; `lmsim.routing`). When all are listed the ids
+    are 0..num_instances-1 in order, `range(num_instances)`, read without the views."""
+    instances = cluster.instances
+    if len(instances) == num_instances:
+        return range(num_instances)
+    return [v.instance_id for v in instances]
+
+
+def id_bound(ids: Sequence[int]) -> int:
+    """One more than the largest of `ids` (0 for none): how long a list by id must be."""
+    if type(ids) is range:
+        return len(ids)
+    return max(ids) + 1 if ids else 0
+
+
 class InflightCounter:
-    """Router-local in-flight requests per instance: +1 at dispatch, -1 at completion.
+    """Router-local in-flight requests per instance id: +1 at dispatch, -1 at completion.
 
     This is the `load` of SGLang / vLLM-router and AIBrix's `realtime_num_requests_running`
     (policies.md §0): exact at dispatch, but it counts requests the router sent, not engine
@@ -42,6 +60,14 @@ class InflightCounter:
     def ensure(self, n: int) -> None:
         if len(self.counts) < n:
             self.counts.extend([0] * (n - len(self.counts)))
+
+    def of(self, ids: Sequence[int]) -> list[int]:
+        """The counts of the instances `ids` (a listed subset, by position)."""
+        self.ensure(id_bound(ids))
+        counts = self.counts
+        if type(ids) is range:  # every instance listed: positions are ids
+            return counts[: len(ids)]
+        return [counts[i] for i in ids]
 
     def routed(self, request: Request, instance_id: int) -> None:
         self.ensure(instance_id + 1)
@@ -77,7 +103,7 @@ def pick_min(scores: Sequence[Any], tie_break: str, rng: np.random.Generator, st
 
 
 def estimator_cost_models(ctx: Any, profile: Any) -> list[Any]:
-    """The step-cost model a predictive policy prices each instance with, by position: each
+    """The step-cost model a predictive policy prices each instance with, by id: each
     instance's own (a well-tuned simulator; in a mixed fleet every pool's own profile)
     unless the policy names another profile (an untuned one, then used for all)."""
     if profile is None:

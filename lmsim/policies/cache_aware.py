@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import InflightCounter, check_choice, check_number, pick_min
+from lmsim.policies._common import InflightCounter, check_choice, check_number, listed_ids, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
 
 
@@ -50,7 +50,7 @@ class SglangCacheAware(Policy):
         self.max_tree_size = check_number("max_tree_size", max_tree_size, lo=1, integer=True)
         self.miss_policy = check_choice("miss_policy", miss_policy, ("smallest_tree", "min_load"))
         self.inflight = InflightCounter()
-        self.trees: list[OrderedDict[int, None]] = []  # per worker, LRU order of blocks
+        self.trees: list[OrderedDict[int, None]] = []  # per instance id, LRU order of blocks
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
@@ -63,14 +63,12 @@ class SglangCacheAware(Policy):
                 tree.popitem(last=False)
 
     def tree_tokens(self, i: int) -> int:
+        """Tokens in instance `i`'s tree (by instance id)."""
         return len(self.trees[i]) * self.ctx.block_size if i < len(self.trees) else 0
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        n = len(cluster.instances)
-        self.inflight.ensure(n)
-        while len(self.trees) < n:
-            self.trees.append(OrderedDict())
-        load = self.inflight.counts[:n]
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        load = self.inflight.of(ids)
         lo, hi = min(load), max(load)
         if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
             return argmin_first(load)
@@ -80,7 +78,8 @@ class SglangCacheAware(Policy):
             return pick_min([-c for c in cached], "random", self.ctx.rng)
         if self.miss_policy == "min_load":
             return argmin_first(load)
-        return argmin_first([len(t) for t in self.trees[:n]])
+        trees = self.trees
+        return argmin_first([len(trees[i]) if i < len(trees) else 0 for i in ids])
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         self.inflight.routed(request, instance_id)

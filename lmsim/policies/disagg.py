@@ -9,20 +9,23 @@ computed the prompt), and the colocated hooks `on_first_token`/`on_finished` for
 request's decode side. The engine's side of the lifecycle is `lmsim.engine.disagg`.
 
 The families compose colocated policies over one role's instances: `_Side` binds a
-registered policy to a context and a view restricted to that role (positions 0..n-1 of the
-role's instances, each with its own profile and limits), so every colocated policy can
-route a prefill pool or a decode pool unchanged.
+registered policy to a context and a view restricted to that role, so every colocated
+policy can route a prefill pool or a decode pool unchanged. Its ids are role-local
+(0..n_role-1 over the role's allocated instances, in id order; `ctx.num_instances` is
+n_role); its view lists the role's routable instances under those ids (`PoolView`), and
+`choose` answers a position in that list, which `_Side` maps back to the global id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, Protocol
 
 from lmsim.engine.request import Request
 from lmsim.errors import ConfigError
 from lmsim.policies._common import check_bool, check_choice, check_number
-from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
+from lmsim.policies.base import POLICIES, ClusterView, InstanceView, Policy, RouterContext
 from lmsim.policies.routed_prefix import RoutedPrefixLRU
 
 DECODE_CHOICES = ("at_arrival", "after_prefill")
@@ -35,7 +38,8 @@ class DisaggContext(RouterContext, Protocol):
     decode_ids: list[int]
 
     def side(self, role: str) -> RouterContext:
-        """A context over one role's instances (positions 0..n-1), its own seeded stream."""
+        """A context over one role's instances (role-local ids 0..n-1), its own seeded
+        stream."""
         ...
 
 
@@ -66,14 +70,72 @@ class DisaggPolicy(Policy):
         pass
 
 
-class PoolView:
-    """A ClusterView over some of the cluster's instances, by position."""
+class LocalView:
+    """An instance view under its role-local id: everything else is the wrapped view's."""
 
-    def __init__(self, cluster: ClusterView, ids: list[int]) -> None:
+    __slots__ = ("_view", "cost_model", "instance_id", "max_num_batched_tokens", "max_num_seqs", "pool", "role")
+
+    def __init__(self, view: InstanceView, local_id: int) -> None:
+        self._view = view
+        self.instance_id = local_id
+        # fixed for the run: copied once instead of forwarded at every read
+        self.pool = view.pool
+        self.role = view.role
+        self.cost_model = view.cost_model
+        self.max_num_batched_tokens = view.max_num_batched_tokens
+        self.max_num_seqs = view.max_num_seqs
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_view":  # not set yet (a copy being built): no view to ask
+            raise AttributeError(name)
+        return getattr(self._view, name)
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return self._view.cached_prefix_tokens(request)
+
+    def queued_prefills(self) -> list[tuple[int, int]]:
+        return self._view.queued_prefills()
+
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        return self._view.step_in_flight()
+
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        return self._view.kv_load_time_s(host_tokens, disk_tokens)
+
+
+# The load fields, read through to the wrapped view (a property is cheaper than __getattr__).
+for _field in (
+    "num_running", "num_waiting", "batch_size", "num_prefilling", "pending_prefill_tokens", "total_tokens",
+    "decode_context_tokens", "kv_usage", "num_free_blocks", "num_total_blocks",
+):
+    setattr(LocalView, _field, property(attrgetter(f"_view.{_field}")))
+
+
+class PoolView:
+    """A ClusterView over the listed instances of one role, each under its role-local id.
+
+    `local` maps a global instance id of the role to its role-local id; `wrapped` keeps the
+    `LocalView`s between decisions (keyed by local id, remade when the underlying view
+    object changes, e.g. a new scrape)."""
+
+    __slots__ = ("_cluster", "_positions", "block_size", "instances")
+
+    def __init__(self, cluster: ClusterView, local: dict[int, int], wrapped: dict[int, LocalView]) -> None:
         self._cluster = cluster
-        self._ids = ids
-        self.instances = [cluster.instances[i] for i in ids]
         self.block_size = cluster.block_size
+        positions: list[int] = []
+        instances: list[LocalView] = []
+        for k, v in enumerate(cluster.instances):
+            i = local.get(v.instance_id)
+            if i is None:
+                continue
+            w = wrapped.get(i)
+            if w is None or w._view is not v:
+                w = wrapped[i] = LocalView(v, i)
+            positions.append(k)
+            instances.append(w)
+        self._positions = positions  # where each listed instance is in the cluster's list
+        self.instances = instances
 
     @property
     def now(self) -> float:
@@ -81,16 +143,19 @@ class PoolView:
 
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         full = self._cluster.cached_prefix_tokens(request)
-        return [full[i] for i in self._ids]
+        return [full[k] for k in self._positions]
 
 
 class _OneLookup:
     """The cluster view of one decision: both sides share one prefix lookup (the cluster
-    view's, or `lookup(request)` when the policy keeps its own index)."""
+    view's, or `lookup(request, cluster)` when the policy keeps its own index), one entry
+    per listed instance."""
 
-    def __init__(self, cluster: ClusterView, lookup: Callable[[Request], list[int]] | None = None) -> None:
+    def __init__(
+        self, cluster: ClusterView, lookup: Callable[[Request, ClusterView], list[int]] | None = None
+    ) -> None:
         self._cluster = cluster
-        self._lookup = lookup or cluster.cached_prefix_tokens
+        self._lookup = lookup
         self.instances = cluster.instances
         self.block_size = cluster.block_size
         self._memo: tuple[int, list[int]] | None = None
@@ -101,8 +166,17 @@ class _OneLookup:
 
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         if self._memo is None or self._memo[0] != request.request_id:
-            self._memo = (request.request_id, self._lookup(request))
+            lookup = self._lookup
+            hits = self._cluster.cached_prefix_tokens(request) if lookup is None else lookup(request, self._cluster)
+            self._memo = (request.request_id, hits)
         return self._memo[1]
+
+    def cached_on(self, request: Request, instance_id: int) -> int:
+        """The prefix hit on the listed instance with that global id."""
+        for k, v in enumerate(self.instances):
+            if v.instance_id == instance_id:
+                return self.cached_prefix_tokens(request)[k]
+        raise KeyError(f"instance {instance_id} is not listed")
 
 
 class _Side:
@@ -117,8 +191,9 @@ class _Side:
             self.policy = POLICIES.create(name, params or {})
         except (ConfigError, ValueError) as exc:
             raise ValueError(f"param {param!r}: {exc}") from None
-        self.ids: list[int] = []
+        self.ids: list[int] = []  # global id by role-local id
         self._local: dict[int, int] = {}
+        self._wrapped: dict[int, LocalView] = {}
 
     def bind(self, ctx: DisaggContext) -> None:
         side = ctx.side(self.role)
@@ -127,13 +202,15 @@ class _Side:
         self.policy.bind(side)
 
     def view(self, cluster: ClusterView) -> PoolView:
-        return PoolView(cluster, self.ids)
+        return PoolView(cluster, self._local, self._wrapped)
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        k = self.policy.choose(request, self.view(cluster))
-        if not 0 <= k < len(self.ids):
+        """The global id of the instance the side policy picks among the role's listed ones."""
+        view = self.view(cluster)
+        k = self.policy.choose(request, view)
+        if not 0 <= k < len(view.instances):
             raise RuntimeError(f"policy {self.policy.registry_name} chose invalid {self.role} instance {k!r}")
-        return self.ids[int(k)]
+        return self.ids[view.instances[int(k)].instance_id]
 
     def routed(self, request: Request, instance_id: int) -> None:
         self.policy.on_routed(request, self._local[instance_id])
@@ -319,7 +396,7 @@ class DynamoDisagg(_TwoSides):
         view = _OneLookup(cluster)
         if self.conditional:
             peek = self.decode.choose(request, view)  # base config: overlap credit 1
-            if self.bypasses(request, view.cached_prefix_tokens(request)[peek], view.block_size):
+            if self.bypasses(request, view.cached_on(request, peek), view.block_size):
                 return None, peek
         p = self.prefill.choose(request, view)
         return p, (self._decode_leg(request, view) if self.decode_choice == "at_arrival" else None)
@@ -393,17 +470,21 @@ class LlmdPD(_TwoSides):
         self.index_capacity = None if index_capacity_blocks is None else check_number(
             "index_capacity_blocks", index_capacity_blocks, lo=1, integer=True)
         self.index: RoutedPrefixLRU | None = None
-        self._capacity: list[int] = []
+        self._capacity: dict[int, int] = {}  # global id -> index capacity, from its first listing
 
     def bind(self, ctx: DisaggContext) -> None:  # type: ignore[override]
         super().bind(ctx)
         if self.prefix_index == "approximate":
             self.index = RoutedPrefixLRU(ctx.num_instances)
 
-    def _indexed(self, request: Request) -> list[int]:
+    def _indexed(self, request: Request, cluster: ClusterView) -> list[int]:
+        """The routing-history index's hit of each listed instance (the walk goes on while
+        any instance, listed or not, holds the block, as llm-d's index keeps an endpoint's
+        entries until its LRU evicts them)."""
         assert self.index is not None
         bsz = self.ctx.block_size
-        return [b * bsz for b in self.index.matched_blocks(request.block_hashes[: self.max_blocks])]
+        blocks = self.index.matched_blocks(request.block_hashes[: self.max_blocks])
+        return [blocks[v.instance_id] * bsz for v in cluster.instances]
 
     def disaggregates(self, request: Request, decode_hit_tokens: int) -> bool:
         n = self.non_cached
@@ -412,10 +493,13 @@ class LlmdPD(_TwoSides):
 
     def choose_pair(self, request: Request, cluster: ClusterView) -> tuple[int | None, int | None]:
         view = _OneLookup(cluster, self._indexed if self.index is not None else None)
-        if self.index is not None and not self._capacity:
-            self._capacity = [self.index_capacity or v.num_total_blocks for v in cluster.instances]
+        if self.index is not None:
+            capacity = self._capacity
+            for v in cluster.instances:
+                if v.instance_id not in capacity:
+                    capacity[v.instance_id] = self.index_capacity or v.num_total_blocks
         d = self.decode.choose(request, view)
-        if not self.disaggregates(request, view.cached_prefix_tokens(request)[d]):
+        if not self.disaggregates(request, view.cached_on(request, d)):
             return None, d
         return self.prefill.choose(request, view), d
 
@@ -453,6 +537,6 @@ def check_policy_shape(name: str, disaggregated: bool, *, where: str) -> None:
 
 
 __all__ = [
-    "DisaggContext", "DisaggPolicy", "PoolView", "check_policy_shape", "colocated_policy_names",
+    "DisaggContext", "DisaggPolicy", "LocalView", "PoolView", "check_policy_shape", "colocated_policy_names",
     "disaggregated_policy_names",
 ]

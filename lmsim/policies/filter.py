@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import InflightCounter, check_number
+from lmsim.policies._common import InflightCounter, check_number, listed_ids
 from lmsim.policies.base import POLICIES, ClusterView, Policy
 
 
@@ -36,8 +36,7 @@ class AIBrixPrefixCache(Policy):
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         n = len(cluster.instances)
-        self.inflight.ensure(n)
-        load = self.inflight.counts[:n]
+        load = self.inflight.of(listed_ids(cluster, self.ctx.num_instances))
         lo, hi = min(load), max(load)
         rng = self.ctx.rng
         if hi - lo > self.imbalance_abs:

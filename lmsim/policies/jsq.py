@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import argmin_rotating, check_number
+from lmsim.policies._common import argmin_rotating, check_number, id_bound, listed_ids
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext, argmin_first
 
 
@@ -15,9 +15,10 @@ class VllmJSQ(Policy):
       w_run=1.0, w_wait=1.0: the paper's baseline scores R + Q (§1a). vLLM's real DP balancer
         is `w_wait=4` (§1b).
       stale_view_s=0.0: 0 reads exact R/Q at decision time. When > 0 the policy keeps its own
-        (waiting, running) snapshot, replaced wholesale every `stale_view_s` (vLLM's DP
-        coordinator publishes every 0.1 s), and adds 1 to the chosen instance's local waiting
-        count at each dispatch (vLLM's optimistic increment, `client_count` = 1).
+        (waiting, running) snapshot per instance id, replaced wholesale every `stale_view_s`
+        (vLLM's DP coordinator publishes every 0.1 s; an instance not listed then counts 0),
+        and adds 1 to the chosen instance's local waiting count at each dispatch (vLLM's
+        optimistic increment, `client_count` = 1).
       start_index=0: the fixed scan start of vLLM's API-server client.
     Tie-break: the first strict minimum scanning from `start_index` (vLLM's).
     Deviation: vLLM publishes only when stats changed (else every 5 s); here the snapshot is
@@ -47,18 +48,24 @@ class VllmJSQ(Policy):
 
     def _publish(self, now: float) -> None:
         if self._cluster is not None:
-            inst = self._cluster.instances
-            self._waiting = [v.num_waiting for v in inst]
-            self._running = [v.num_running for v in inst]
+            # by instance id; an instance not listed now publishes nothing (counts 0)
+            n = max(self.ctx.num_instances, id_bound(listed_ids(self._cluster, self.ctx.num_instances)))
+            waiting, running = [0] * n, [0] * n
+            for v in self._cluster.instances:
+                waiting[v.instance_id] = v.num_waiting
+                running[v.instance_id] = v.num_running
+            self._waiting, self._running = waiting, running
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         wr, ww = self.w_run, self.w_wait
         if self.stale_view_s > 0:
-            if self._cluster is None:
-                self._cluster = cluster
+            first = self._cluster is None
+            self._cluster = cluster  # the router's view now: the next publish reads it
+            if first:
                 self._publish(cluster.now)
             assert self._waiting is not None
-            scores = [wr * r + ww * q for r, q in zip(self._running, self._waiting)]
+            running, waiting = self._running, self._waiting
+            scores = [wr * running[i] + ww * waiting[i] for i in listed_ids(cluster, self.ctx.num_instances)]
         else:
             scores = [wr * v.num_running + ww * v.num_waiting for v in cluster.instances]
         if self.start_index == 0:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_choice, check_number, pick_min
+from lmsim.policies._common import (
+    check_bool,
+    check_choice,
+    check_number,
+    id_bound,
+    listed_ids,
+    pick_min,
+)
 from lmsim.policies.base import POLICIES, ClusterView, Policy, argmin_random
 
 
@@ -166,11 +173,13 @@ class Dynamo(Policy):
         self.temperature = check_number("temperature", temperature, lo=0)
         self.track_blocks = check_bool("track_active_blocks", track_active_blocks)
         self.track_prefill = check_bool("track_prefill_tokens", track_prefill_tokens)
+        # per worker, by instance id
         self.active_prefill: list[int] = []
-        self.active_blocks: list[dict[int, int]] = []  # per worker: hash -> live refcount
-        self.active_unique: list[int] = []  # per worker: blocks no other request can share
+        self.active_blocks: list[dict[int, int]] = []  # hash -> live refcount
+        self.active_unique: list[int] = []  # blocks no other request can share
         self._live: dict[int, _Live] = {}
-        self._last: tuple[int, list[int]] | None = None  # (request_id, cached tokens)
+        # (request_id, the listed ids, the prefill tokens a booking there would add, by position)
+        self._last: tuple[int, Sequence[int], list[int]] | None = None
 
     @contextmanager
     def overridden(
@@ -216,9 +225,9 @@ class Dynamo(Policy):
         return self._select(self.logits(request, cluster))
 
     def logits(self, request: Request, cluster: ClusterView) -> list[float]:
-        """Dynamo's per-worker cost for `request` (lower is better)."""
-        n = len(cluster.instances)
-        self._ensure(n)
+        """Dynamo's cost for `request` of each listed worker, by position (lower is better)."""
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        self._ensure(id_bound(ids))
         bsz = cluster.block_size
         isl = request.input_tokens
         lower: list[float] | None = None
@@ -230,17 +239,18 @@ class Dynamo(Policy):
             routed = [min(isl, math.ceil((g + c) / bsz) * bsz) for g, c in zip(cached, lower)]
         else:
             cached = routed = cluster.cached_prefix_tokens(request)
-        self._last = (request.request_id, routed)
+        self._last = (request.request_id, ids, routed)
         hashes = request.block_hashes
         total_blocks = isl // bsz  # complete blocks: a partial tail is prefill work only
         w = self.w
         credit = self.credit
         logits = []
-        for i in range(n):
-            new_tokens = max(0, isl - cached[i]) if credit == 1.0 else max(0.0, isl - credit * cached[i])
+        for k, i in enumerate(ids):
+            c = cached[k]
+            new_tokens = max(0, isl - c) if credit == 1.0 else max(0.0, isl - credit * c)
             prefill = new_tokens + (self.active_prefill[i] if self.track_prefill else 0)
             if lower is not None:
-                prefill = max(0.0, prefill - lower[i])
+                prefill = max(0.0, prefill - lower[k])
             logit = w * prefill / bsz
             if self.track_blocks:
                 active = self.active_blocks[i]
@@ -270,8 +280,9 @@ class Dynamo(Policy):
     def on_routed(self, request: Request, instance_id: int) -> None:
         self._ensure(instance_id + 1)
         cached = 0
-        if self._last is not None and self._last[0] == request.request_id:
-            cached = self._last[1][instance_id]
+        last = self._last
+        if last is not None and last[0] == request.request_id and instance_id in last[1]:
+            cached = last[2][last[1].index(instance_id)]
         # a request routed without prefill tracking adds nothing to its worker's prefill load
         prefill = max(0, request.input_tokens - cached) if self.track_prefill else 0
         # without KV reuse every block of the request is its own (nothing to share)

@@ -34,11 +34,11 @@ import hashlib
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_choice, check_number, pick_min
+from lmsim.policies._common import check_choice, check_number, id_bound, listed_ids, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 _HASH_BYTES = 8  # xxhash64 in GIE; blake2b-64 here: any stable 64-bit hash matches alike
@@ -156,11 +156,17 @@ class PerServerLru:
                         del self.holders[old]
             self.holders.setdefault(h, set()).add(server)
 
-    def match(self, hashes: list[Any], n: int) -> list[int]:
+    def match(self, hashes: list[Any], ids: Sequence[int]) -> list[int]:
         """GIE `matchLongestPrefix`: walk the blocks while ANY server holds the block, and
         credit every server holding it (no intersection: a server missing an earlier block
-        still scores a later one it holds while another server keeps the walk going)."""
-        counts = [0] * n
+        still scores a later one it holds while another server keeps the walk going).
+        Returns the counts of the servers `ids` (the listed ones), in their order. A server
+        not listed still keeps the walk going: GIE's indexer is keyed by pod name and drops
+        a pod's hashes only as its LRU evicts them, not when the pod leaves
+        (`indexer.go` at `e7255c8f`: no removal path), and `Score` reads the candidates'
+        counts only."""
+        counts = [0] * id_bound(ids)
+        n = len(counts)
         for h in hashes:
             pods = self.holders.get(h)
             if not pods:
@@ -168,7 +174,7 @@ class PerServerLru:
             for s in pods:
                 if s < n:
                     counts[s] += 1
-        return counts
+        return counts if type(ids) is range else [counts[i] for i in ids]
 
 
 class ApproxPrefixScorer(EppScorer):
@@ -237,11 +243,10 @@ class ApproxPrefixScorer(EppScorer):
 
     def score(self, request: Request, cluster: ClusterView) -> list[float]:
         hashes = self.hashes(request)
-        n = len(cluster.instances)
         total = len(hashes)
         if total == 0:
-            return [0.0] * n
-        return [m / total for m in self.index.match(hashes, n)]
+            return [0.0] * len(cluster.instances)
+        return [m / total for m in self.index.match(hashes, listed_ids(cluster, self.ctx.num_instances))]
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         self.index.add(self.hashes(request), instance_id)
@@ -350,7 +355,7 @@ class ActiveRequestScorer(EppScorer):
             )
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        self.counts: list[int] = []
+        self.counts: list[int] = []  # by instance id
         self.sent: dict[int, tuple[int, float]] = {}  # request id -> (pod, time sent)
 
     def bind(self, ctx: RouterContext) -> None:
@@ -365,8 +370,12 @@ class ActiveRequestScorer(EppScorer):
             self.counts[pod] -= 1
 
     def score(self, request: Request, cluster: ClusterView) -> list[float]:
-        n = len(cluster.instances)
-        counts = (self.counts + [0] * n)[:n]
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        known = self.counts
+        if type(ids) is range:
+            counts = (known + [0] * len(ids))[: len(ids)]
+        else:
+            counts = [known[i] if i < len(known) else 0 for i in ids]
         top = max(counts)
         return [1.0 if c <= self.idle else (top - c) / top * self.max_busy for c in counts]
 

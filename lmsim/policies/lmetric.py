@@ -16,6 +16,7 @@ from lmsim.policies._common import (
     check_bool,
     check_choice,
     check_number,
+    listed_ids,
     pick_min,
 )
 from lmsim.policies.base import POLICIES, ClusterView, Policy
@@ -164,8 +165,7 @@ class LMetric(Policy):
         elif self.bs_source == "engine":
             bs = [v.batch_size for v in inst]
         else:
-            self.inflight.ensure(len(inst))
-            bs = self.inflight.counts[: len(inst)]
+            bs = self.inflight.of(listed_ids(cluster, self.ctx.num_instances))
         if self.bs_plus_one:
             bs = [b + 1 for b in bs]
         return p, bs
@@ -203,7 +203,8 @@ class LMetricHotspot(LMetric):
     tokens they got; every `refresh_s` it re-selects the `top_k` classes with the most hit
     tokens, and only those are checked. For a request of a tracked class: x = class share of
     the window's arrivals (this one included), M = instances whose cache holds the class
-    prefix (hit ≥ the prefix depth), M̄ the rest. Eq. 2 is violated when
+    prefix (hit ≥ the prefix depth), M̄ the rest, both among the instances the router lists
+    at that decision (the routable ones). Eq. 2 is violated when
     `x/(1 − x) > |M|/|M̄|` (compared as `count_c·|M̄| > |M|·(total − count_c)`, exact), and
     only if |M| ≥ 1, |M̄| ≥ 1, the window holds at least `min_window_requests` arrivals and
     the router has seen `warmup_s` of traffic (default: one full window; a cold start, where
@@ -211,7 +212,7 @@ class LMetricHotspot(LMetric):
     class's requests are routed by the LMetric score over M̄ only.
 
     Every alarm onset is recorded as a `hotspot_alarm` router event (time, class_id, x,
-    m = |M|, num_instances) and kept in `self.alarms`; its end as `hotspot_clear`. Every
+    m = |M|, num_instances = |M| + |M̄|) and kept in `self.alarms`; its end as `hotspot_clear`. Every
     `log_interval_s` each tracked class is logged as a `hotspot_window` event (time,
     class_id, x, m, num_instances, count, total) so the two ratios can be plotted over time.
 

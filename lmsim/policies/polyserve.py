@@ -19,6 +19,9 @@ class PolyServe(Policy):
 
     SLO classes are bins: class k owns a contiguous share of the instances, tightest TPOT
     first (`bin_fractions`, equal shares by default; every bin gets at least one instance).
+    The shares are of the instances the router lists (routable now, in id order), made
+    again when their number changes, so every class keeps a bin while the fleet scales
+    (lmsim's choice: the abstract does not say how bins follow a changing fleet).
     A request of class k goes to the feasible instance with the largest BS (R + Q) in its own
     bin, where feasible means `TTFT_hat ≤ ttft_s` and `TPOT_hat ≤ tpot_s`:
       * TTFT_hat: `estimate_ttft` (the llmd estimator) on the uncached tokens;
@@ -72,7 +75,8 @@ class PolyServe(Policy):
                 check_number(f"bin_fractions[{k}]", f, lo=0, lo_open=True)
         self.bin_fractions = bin_fractions
         self.estimator_profile = estimator_profile
-        self.bins: list[list[int]] = []
+        self.bins: list[list[int]] = []  # positions in cluster.instances per class
+        self._bins_n = 0  # the number of listed instances `bins` was made for
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
@@ -80,12 +84,14 @@ class PolyServe(Policy):
         self.cost_model: Any = (
             None if self.estimator_profile is None else ctx.load_cost_model(self.estimator_profile)
         )
+        self._bins_n = ctx.num_instances
         self.bins = self.make_bins(ctx.num_instances)
 
     def make_bins(self, n: int) -> list[list[int]]:
-        """Instance ids per class: classes ordered by TPOT (tightest first) take consecutive
-        instances; shares follow `bin_fractions`, at least one instance each (bins may share
-        the last instance when there are more classes than instances)."""
+        """Positions among `n` listed instances per class: classes ordered by TPOT (tightest
+        first) take consecutive instances; shares follow `bin_fractions`, at least one
+        instance each (bins may share the last instance when there are more classes than
+        instances)."""
         k = len(self.slo)
         fr = self.bin_fractions or [1.0] * k
         order = sorted(range(k), key=lambda c: (self.slo[c][1], c))
@@ -107,8 +113,9 @@ class PolyServe(Policy):
         return c if 0 <= c < len(self.slo) else self.default_class
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        if not self.bins:
-            self.bins = self.make_bins(len(cluster.instances))
+        if len(cluster.instances) != self._bins_n:
+            self._bins_n = len(cluster.instances)
+            self.bins = self.make_bins(self._bins_n)
         cls = self.request_class(request)
         cached = cluster.cached_prefix_tokens(request)
         inst = cluster.instances

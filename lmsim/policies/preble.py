@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, estimator_cost_models
+from lmsim.policies._common import (
+    check_bool,
+    check_number,
+    estimator_cost_models,
+    id_bound,
+    listed_ids,
+)
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -67,6 +74,10 @@ class Preble(Policy):
       (only prefixes with at least this many window requests are moved; Preble ignores
       one-off prefixes).
     Tie-break: the lowest GPU id among equal costs (Preble takes `min` over its GPU list).
+    GPUs are the instances the router lists (routable now; `lmsim.routing`): exploit skips an
+    allocation to a GPU not listed (the nearest ancestor allocated to a listed one counts),
+    rebalancing and its `rebalance_after_per_gpu × N` count are over the listed GPUs. Preble
+    has a fixed GPU set; its state per GPU is kept by instance id so it survives a change.
     Deviations: block-hash tree instead of token ids; the eviction term M_i is off (as in
     Preble's default path); live requests count on their own GPU, not per tree node; one
     heavy/light pair per rebalancing attempt, attempted after every routing decision; output
@@ -124,6 +135,7 @@ class Preble(Policy):
         self.routed = 0
         self._req: dict[int, tuple[int, _Node | None]] = {}  # request -> (gpu, important node)
         self._pending: tuple[int, list[_Node], _Node | None] | None = None
+        self._listed: Sequence[int] = []  # the GPU ids listed at the last decision
         self.moves = 0
         self.replications = 0
 
@@ -251,33 +263,39 @@ class Preble(Policy):
 
     # ---- routing -----------------------------------------------------------------------
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        n = len(cluster.instances)
-        self._ensure(n)
+        ids = listed_ids(cluster, self.ctx.num_instances)
+        self._ensure(id_bound(ids))
+        self._listed = ids
+        n = len(ids)
         now = cluster.now
         self._expire(now)
         bsz = cluster.block_size
         matched_blocks, path = self._match_insert(list(request.block_hashes))
         matched = matched_blocks * bsz
         new = request.input_tokens - matched
-        costs = [self.load_cost(g) for g in range(n)]
+        costs = [self.load_cost(g) for g in ids]  # by position
         if self.include_prefill:
             cached = cluster.cached_prefix_tokens(request)
             group = self._group
             costs = [
                 c + self._t_prefill(request.input_tokens - h, h, group[g])
-                for g, (c, h) in enumerate(zip(costs, cached))
+                for g, c, h in zip(ids, costs, cached)
             ]
-        gpu = -1
+        choice = -1
         if matched > new:  # exploit: more cached than new tokens
+            # every GPU listed: positions are ids
+            position = None if type(ids) is range else {g: k for k, g in enumerate(ids)}
             for node in reversed(path):  # a new leaf has no allocation yet, so it is skipped
-                if node.alloc:
-                    group = node.alloc
-                    gpu = group[0] if len(group) == 1 else min(group, key=lambda g: (costs[g], g))
+                # a GPU that is not listed now does not hold the prefix for routing: the
+                # nearest ancestor allocated to a listed one does
+                listed = node.alloc if position is None else [position[g] for g in node.alloc if g in position]
+                if listed:
+                    choice = listed[0] if len(listed) == 1 else min(listed, key=lambda k: (costs[k], k))
                     break
-        if gpu < 0:  # explore
-            gpu = min(range(n), key=lambda g: (costs[g], g))
+        if choice < 0:  # explore
+            choice = min(range(n), key=lambda k: (costs[k], k))
         self._pending = (request.request_id, path, self._important(path))
-        return gpu
+        return choice
 
     def on_routed(self, request: Request, instance_id: int) -> None:
         g = instance_id
@@ -301,7 +319,7 @@ class Preble(Policy):
             important.live += 1
         self._req[request.request_id] = (g, important)
         self.routed += 1
-        if self.rebalance and self.routed >= self.rebalance_after * len(self.live):
+        if self.rebalance and self.routed >= self.rebalance_after * len(self._listed):
             self._rebalance(now)
 
     # ---- post-assignment adjustment ------------------------------------------------------
@@ -340,12 +358,14 @@ class Preble(Policy):
                 self._update_contrib(x)
 
     def _rebalance(self, now: float) -> None:
-        n = len(self.live)
-        if n < 2:
+        """Between the GPUs listed at the last decision (prefixes move only to a GPU the
+        router can send them to)."""
+        ids = self._listed
+        if len(ids) < 2:
             return
-        costs = [self.load_cost(g) for g in range(n)]
-        heavy = max(range(n), key=lambda g: (costs[g], -g))
-        light = min(range(n), key=lambda g: (costs[g], g))
+        costs = {g: self.load_cost(g) for g in ids}
+        heavy = max(ids, key=lambda g: (costs[g], -g))
+        light = min(ids, key=lambda g: (costs[g], g))
         if costs[heavy] <= 0 or costs[heavy] < self.th_bal * costs[light]:
             return
         movable = sorted(self._movable(heavy), key=lambda x: self.node_cost(x, heavy))

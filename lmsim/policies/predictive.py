@@ -4,10 +4,11 @@ scorers (policies.md §5)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from lmsim.engine.request import Request
-from lmsim.policies._common import check_bool, check_number, pick_min
+from lmsim.policies._common import check_bool, check_number, listed_ids, pick_min
 from lmsim.policies.base import POLICIES, ClusterView, Policy, RouterContext
 
 
@@ -215,7 +216,7 @@ class LlmdPredicted(Policy):
         self.estimator_profile = estimator_profile
         self.noise_rel = check_number("noise_rel", noise_rel, lo=0)
         self.record_predictions = check_bool("record_predictions", record_predictions)
-        self._last: tuple[int, list[float]] | None = None
+        self._last: tuple[int, Sequence[int], list[float]] | None = None  # (request, listed ids, estimates)
 
     def bind(self, ctx: RouterContext) -> None:
         super().bind(ctx)
@@ -244,17 +245,20 @@ class LlmdPredicted(Policy):
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
         est = self.predict(request, cluster)
-        self._last = (request.request_id, est)
+        if self.record_predictions:
+            self._last = (request.request_id, listed_ids(cluster, self.ctx.num_instances), est)
         return pick_min(est, "random", self.ctx.rng)
 
     def on_routed(self, request: Request, instance_id: int) -> None:
-        if self.record_predictions and self._last and self._last[0] == request.request_id:
-            self.ctx.record_event(
-                "ttft_prediction",
-                request_id=request.request_id,
-                instance_id=instance_id,
-                predicted_ttft_s=self._last[1][instance_id],
-            )
+        last = self._last
+        if last is None or last[0] != request.request_id or instance_id not in last[1]:
+            return
+        self.ctx.record_event(
+            "ttft_prediction",
+            request_id=request.request_id,
+            instance_id=instance_id,
+            predicted_ttft_s=last[2][last[1].index(instance_id)],
+        )
 
 
 @POLICIES.register("llmd_scorer")

@@ -8,14 +8,22 @@ from lmsim.policies.base import POLICIES, ClusterView, Policy, argmin_first
 
 @POLICIES.register("round_robin")
 class RoundRobin(Policy):
-    """Cycle through instances 0, 1, ..., N-1 regardless of state."""
+    """Cycle through the listed instances in id order regardless of state: the next one is
+    the first listed after the last chosen id, wrapping to the lowest, so an instance that
+    joins or leaves neither restarts the cycle nor makes it skip one."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._last = -1  # the instance id chosen last
 
     def choose(self, request: Request, cluster: ClusterView) -> int:
-        choice = self._next
-        self._next = (self._next + 1) % len(cluster.instances)
+        instances = cluster.instances
+        last = self._last
+        choice = 0
+        for k, v in enumerate(instances):
+            if v.instance_id > last:
+                choice = k
+                break
+        self._last = instances[choice].instance_id
         return choice
 
 
