@@ -66,6 +66,8 @@ class ScalerContext:
 
     pools: dict[str, Any]
     cost_models: dict[str, Any]
+    # pool -> {max_num_batched_tokens, max_num_seqs, max_kv_tokens} of its engines
+    engine_limits: dict[str, dict[str, int]]
     interval_s: float
 
     def record_event(self, kind: str, **fields: Any) -> None:  # pragma: no cover

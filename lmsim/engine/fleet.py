@@ -245,6 +245,16 @@ class _ScalerContext:
         self.pools = {p.name: fleet._pool_facts(p) for p in fleet.plans}
         self.cost_models = dict(fleet.sim.pool_cost_models)
         self.interval_s = fleet.interval_s
+        # what a planner sizing engines needs to know of them (Dynamo's profiler measures
+        # each at the engine's own batch limits and KV capacity)
+        self.engine_limits = {}
+        for plan in fleet.plans:
+            scheduler = fleet.sim.instances[plan.ids[0]].scheduler
+            self.engine_limits[plan.name] = {
+                "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+                "max_num_seqs": scheduler.max_num_seqs,
+                "max_kv_tokens": scheduler.cache.num_total_blocks * scheduler.cache.block_size,
+            }
 
     def record_event(self, kind: str, **fields: Any) -> None:
         self._fleet.sim.router_events.append({"time_s": self._fleet.sim.env.now, "kind": kind, **fields})
