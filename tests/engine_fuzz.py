@@ -76,7 +76,6 @@ COLOCATED = sorted(colocated_policy_names())
 TIER_AWARE = ("dynamo", "llmd_scorer", "lmetric")
 # Policies that route a routable subset of the instances by position today (stateless per
 # instance); the others join once every policy keys its state by instance id.
-FLEET_POLICIES = ("vllm", "random", "least_tokens")
 _DYADIC = {"kind": "linear", "step_base_s": 2**-7, "per_prefill_token_s": 2**-10,
            "per_decode_seq_s": 0.0, "per_context_token_s": 0.0}
 # Symbolic profiles, resolved when a scenario is built (a saved scenario names no path).
@@ -382,19 +381,6 @@ def _pools_of(d: Draft) -> list[tuple[str, int]]:
     return [("default", d.cluster["num_instances"])]
 
 
-def _fleet_policy(d: Draft) -> None:
-    """A policy that already routes a routable subset by position (the others key their
-    state by position until they key it by instance id: FLEET_DESIGN.md); a P/D policy
-    keeps its family and composes such sides."""
-    if d.router.get("policy") in ("pd", "dynamo_disagg", "llmd_pd"):
-        if d.router["policy"] == "pd":
-            d.router["params"].update(prefill_policy=d.rng.choice(FLEET_POLICIES),
-                                      decode_policy=d.rng.choice(FLEET_POLICIES))
-        return
-    d.router["policy"] = d.rng.choice(FLEET_POLICIES)
-    d.router["params"] = {}
-
-
 @dimension("scaling")
 def _scaling(d: Draft) -> None:
     """A `schedule` autoscaler with random targets per pool (0 to 2 above the initial
@@ -422,7 +408,6 @@ def _scaling(d: Draft) -> None:
         "name": "schedule", "interval_s": r.choice([16 * quantum, 128 * quantum, 256 * quantum]),
         "metrics_delay_s": r.choice([0.0, 0.0, 4 * quantum, 300 * quantum]), "params": {"replicas": replicas},
     }
-    _fleet_policy(d)
 
 
 @dimension("crashes")
@@ -450,7 +435,6 @@ def _crashes(d: Draft) -> None:
         faults["seed"] = r.randint(0, 9)
         faults["restart_s"] = faults.get("restart_s", 32 * quantum)  # or every instance dies for good
     d.sections["faults"] = faults
-    _fleet_policy(d)
 
 
 @dimension("drain_cut")
