@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # this checkout's lmsim
 
 from peer_harness import DEFAULT_PEER, cell, peer_available, run_in_peer
 from peer_stubs import STUB_SOURCE
@@ -70,7 +71,8 @@ import json, sys, time
 from dynamo.replay import run_trace_replay
 a = json.loads(sys.argv[1])
 engine = {"num_gpu_blocks": a["num_blocks"], "block_size": a["block_size"], "max_num_batched_tokens": a["max_batched"],
-          "max_num_seqs": a["max_seqs"], "enable_prefix_caching": True, "enable_chunked_prefill": True}
+          "max_num_seqs": a["max_seqs"], "max_model_len": a["max_model_len"], "enable_prefix_caching": True,
+          "enable_chunked_prefill": True}
 launch = {"startup_time": a["startup_s"]}
 kw = dict(trace_format="mooncake", trace_block_size=512, router_mode="round_robin", capture_per_request=True)
 if a["planner"] is not None:
@@ -202,7 +204,7 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
     mode = case.split("-")[-1]
     a = {"trace": str(trace), "mode": mode, "prefill": args.prefill, "decode": args.decode,
          "num_blocks": args.num_blocks, "block_size": 16, "max_batched": args.max_batched,
-         "max_seqs": args.max_seqs, "startup_s": args.startup_s, "planner": planner_config(case, args),
+         "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "startup_s": args.startup_s, "planner": planner_config(case, args),
          "out": str(tmp / f"{case}.json")}
     if case.startswith("fixed"):
         a["prefill"], a["decode"] = args.fixed_prefill, args.fixed_decode
@@ -272,7 +274,8 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
     mode = case.split("-")[-1]
     poly = {"kind": "polynomial"}
     cluster: dict = {"profile": poly, "num_gpu_blocks": args.num_blocks, "block_size": 16,
-                     "max_num_batched_tokens": args.max_batched, "max_num_seqs": args.max_seqs}
+                     "max_num_batched_tokens": args.max_batched, "max_num_seqs": args.max_seqs,
+                     "max_model_len": args.max_model_len}
     fixed = case.startswith("fixed")
     if mode == "agg":
         cluster["num_instances"] = args.fixed_agg if fixed else args.decode
@@ -281,11 +284,14 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
     else:
         n_p, n_d = (args.fixed_prefill, args.fixed_decode) if fixed else (args.prefill, args.decode)
         cluster["pools"] = [
-            {"name": "prefill", "role": "prefill", "num_instances": n_p, "profile": {**poly, "worker_type": "prefill"}},
+            {"name": "prefill", "role": "prefill", "num_instances": n_p,
+             "profile": {**poly, "worker_type": "prefill", "kv_bytes_per_token": 98_304}},
             {"name": "decode", "role": "decode", "num_instances": n_d, "profile": {**poly, "worker_type": "decode"}},
         ]
         pools = {name: {"min_replicas": 1, "max_replicas": args.gpu_budget - 1, "startup_s": args.startup_s}
                  for name in ("prefill", "decode")}
+        # the mocker's default kv_transfer_bandwidth is null: a handoff takes no time
+        cluster["kv_transfer"] = {"bandwidth_bytes_s": 1e18, "latency_s": 0.0, "sharing": "none", "tokens": "full_prompt"}
         router = {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin",
                                              "decode_choice": "after_prefill"}}
     config = {
@@ -335,10 +341,19 @@ def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> d
     events = getattr(results, "fleet_events", None)
     if isinstance(events, pd.DataFrame) and len(events):
         trajectory = trajectory_from_events(events, case)
+    if case.startswith("fixed"):  # a fixed fleet: every instance for the whole run, as Dynamo counts it
+        pools = config.cluster.pools or []
+        n_p = sum(pool.num_instances for pool in pools if pool.role == "prefill")
+        n_d = sum(pool.num_instances for pool in pools if pool.role != "prefill") if pools else config.cluster.num_instances
+        end = float(s["duration_s"])
+        gpu_s = (n_p + n_d) * end
+        trajectory = [{"side": "lmsim", "case": case, "time_s": t, "prefill_active": n_p, "decode_active": n_d,
+                       "prefill_starting": 0, "decode_starting": 0, "prefill_draining": 0, "decode_draining": 0}
+                      for t in (0.0, end)]
     return {"row": {"case": case, "side": "lmsim", "gpu_hours": None if gpu_s is None else gpu_s / 3600.0,
                     "completed": s.get("num_finished"), "requests": s.get("num_requests"),
                     "ttft_ms_mean": 1000 * (s.get("ttft_s_mean") or 0), "ttft_ms_p90": 1000 * (s.get("ttft_s_p90") or 0),
-                    "itl_ms_mean": 1000 * (s.get("itl_s_mean") or 0), "itl_ms_p90": None,
+                    "itl_ms_mean": 1000 * (s.get("itl_s_mean") or 0), "itl_ms_p90": 1000 * (s.get("itl_s_p90") or 0),
                     "slo_ttft": slo["ttft"], "slo_itl": slo["itl"], "slo_both": slo["both"],
                     "scale_events": None if not isinstance(events, pd.DataFrame) else int((events.event == "scale").sum()),
                     "run_wall_s": wall},
@@ -440,8 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-blocks", type=int, default=17_500)
     p.add_argument("--max-batched", type=int, default=8192)
     p.add_argument("--max-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=16_384,
+                   help="context length; Dynamo's latency/throughput targets scale prefill on queue / context length")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     p.add_argument("--no-lmsim", action="store_true", help="Dynamo half only")
+    p.add_argument("--no-dynamo", action="store_true", help="lmsim half only (keeps the saved Dynamo results)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
@@ -461,11 +479,13 @@ def main(argv: list[str] | None = None) -> int:
                 "itl_ms": args.itl_ms, "startup_s": args.startup_s, "load_interval_s": args.load_interval_s,
                 "throughput_interval_s": args.throughput_interval_s, "predictor": args.predictor,
                 "gpu_budget": args.gpu_budget, "num_blocks": args.num_blocks, "max_batched": args.max_batched,
-                "max_seqs": args.max_seqs, "step_model": "polynomial (mocker default)", "router": "round_robin"}
+                "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "step_model": "polynomial (mocker default)", "router": "round_robin"}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
         rows, trajectory = [], []
-        if not peer_available(args.peer_python):
+        if args.no_dynamo:
+            print("Dynamo half skipped (--no-dynamo)")
+        elif not peer_available(args.peer_python):
             print(f"Dynamo not importable with {args.peer_python}: Dynamo half skipped")
         else:
             for case in cases:
@@ -482,14 +502,21 @@ def main(argv: list[str] | None = None) -> int:
         lm_rows, lm_traj = [], []
         why = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing()
         if why:
-            print(f"lmsim half not run: {why}")
-        else:
-            for case in cases:
+            print(f"lmsim planner cases not run: {why}" + ("" if args.no_lmsim else "; fixed-fleet cases only"))
+        for case in cases:
+            if args.no_lmsim or (why and not case.startswith("fixed")):
+                continue
+            try:
                 got = lmsim_case(case, args, trace, tmp)
-                lm_rows.append(got["row"])
-                lm_traj += got["trajectory"]
-            if not args.no_save:
-                save(lm_rows, lm_traj, "lmsim_planner", meta)
+            except Exception as exc:  # a param name the merged autoscaler does not take: say which case
+                lm_rows.append({"side": "lmsim", "case": case, "error": f"{type(exc).__name__}: {exc}"})
+                print(f"  lmsim {case}: {lm_rows[-1]['error']}", flush=True)
+                continue
+            lm_rows.append(got["row"])
+            lm_traj += got["trajectory"]
+            print(f"  lmsim {case}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
+        if lm_rows and not args.no_save:
+            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why})
     print_table(rows + lm_rows, trajectory + lm_traj)
     return 0
 
