@@ -292,6 +292,8 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
                  for name in ("prefill", "decode")}
         # the mocker's default kv_transfer_bandwidth is null: a handoff takes no time
         cluster["kv_transfer"] = {"bandwidth_bytes_s": 1e18, "latency_s": 0.0, "sharing": "none", "tokens": "full_prompt"}
+        # the mocker admits a landed request in the decode worker's next pass (fidelity.md)
+        cluster["kv_connector_poll"] = "instant"
         router = {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin",
                                              "decode_choice": "after_prefill"}}
     config = {

@@ -83,6 +83,7 @@ spec = ReplayOptimizeSpec(
     workload=WorkloadSpec(traceFile=a["trace"], traceFormat="mooncake"),
     sla=SLASpec(ttft=a["ttft_ms"], itl=a["itl_ms"]),
     router=RouterSpec(mode=a["router"]),
+    objective=a["objective"],
     maxParallelEvals=1,
 )
 optimize = {"disagg": optimize_dense_disagg_with_replay, "agg": optimize_dense_agg_with_replay}[a["mode"]]
@@ -123,7 +124,8 @@ print(json.dumps(out, default=str))
 
 
 def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.0, ttft_ms: float = 500.0,
-                  itl_ms: float = 25.0, mode: str = "disagg", router: str = "both", seed: int = 0,
+                  itl_ms: float = 25.0, mode: str = "disagg", router: str = "both", objective: str = "throughput",
+                  seed: int = 0,
                   num_blocks: int = 17_500, max_batched: int = 8192, max_seqs: int = 256,
                   gpu_sku: str = "h100_sxm", model: str = "Qwen/Qwen3-32B", trace: str | None = None,
                   peer_python: str = DEFAULT_PEER) -> dict:
@@ -143,7 +145,7 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
             trace = str(Path(tmp) / "chatbot_fixed_rate.jsonl")
             info = make_trace(Path(trace), [(0.0, rate)], duration_s, seed)
         a = {"trace": str(Path(trace).resolve()), "gpus": gpus, "ttft_ms": ttft_ms, "itl_ms": itl_ms, "mode": mode,
-             "router": router, "num_blocks": num_blocks, "block_size": 16, "max_batched": max_batched,
+             "router": router, "objective": objective, "num_blocks": num_blocks, "block_size": 16, "max_batched": max_batched,
              "max_seqs": max_seqs, "gpu_sku": gpu_sku, "model": model}
         started = time.perf_counter()
         got = run_in_peer(peer_python, DYNAMO_CHILD, a)
@@ -167,7 +169,7 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
     return {
         "source": "dynamo.profiler.utils.replay_optimize (ai-dynamo 1.6.1), AISimulate hooks replaced",
         "case": {"mode": mode, "gpu_budget": gpus, "rate_rps": rate, "duration_s": duration_s, "trace": info,
-                 "slo": {"ttft_ms_mean": ttft_ms, "itl_ms_mean": itl_ms}, "router": router,
+                 "slo": {"ttft_ms_mean": ttft_ms, "itl_ms_mean": itl_ms}, "router": router, "objective": objective,
                  "engine": {"num_gpu_blocks": num_blocks, "block_size": 16, "max_num_batched_tokens": max_batched,
                             "max_num_seqs": max_seqs, "step_model": "polynomial (mocker default)", "tp": 1}},
         "unchanged_run": got["unchanged"],
@@ -177,6 +179,26 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
         "search_wall_s": got["wall_s"],
         "process_wall_s": wall,
     }
+
+
+def dynamo_min_budget(*, max_gpus: int = 8, mode: str = "disagg", **case) -> dict:
+    """The smallest GPU budget at which replay_optimize finds a feasible state.
+
+    replay_optimize itself never spends less than its budget (it searches the budget edge,
+    search.py), so "how few GPUs meet the SLO" is asked by running it at budgets 1 (2 for
+    disaggregated), 2, ... `max_gpus` and stopping at the first feasible answer. Returns that
+    answer with every budget's verdict in `budgets`."""
+    budgets = []
+    for gpus in range(2 if mode == "disagg" else 1, max_gpus + 1):
+        got = dynamo_answer(gpus=gpus, mode=mode, **case)
+        if "error" in got:
+            return {**got, "budgets": budgets}
+        answer = got["answer"] or {}
+        budgets.append({"gpus": gpus, "feasible": answer.get("feasible"), "answer": answer,
+                        "search_wall_s": got["search_wall_s"]})
+        if answer.get("feasible"):
+            return {**{k: v for k, v in got.items() if k != "evaluated"}, "budgets": budgets}
+    return {"answer": None, "budgets": budgets, "note": f"no feasible state up to {max_gpus} GPUs"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-ms", type=float, default=25.0, help="mean ITL (TPOT) bound")
     p.add_argument("--mode", default="both", choices=("disagg", "agg", "both"))
     p.add_argument("--router", default="both", choices=("both", "round_robin", "kv_router"))
+    p.add_argument("--objective", default="throughput", choices=("throughput", "mean_ttft", "mean_e2e_latency"))
+    p.add_argument("--min-gpus", action="store_true",
+                   help="also find the smallest budget with a feasible state (one search per budget)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     p.add_argument("--json-only", action="store_true", help="print only the JSON line")
     p.add_argument("--no-save", action="store_true")
@@ -202,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         answers[mode] = dynamo_answer(gpus=args.gpus, rate=args.rate, duration_s=args.duration_s,
                                       ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, mode=mode, router=args.router,
-                                      seed=args.seed, trace=args.trace, peer_python=args.peer_python)
+                                      objective=args.objective, seed=args.seed, trace=args.trace,
+                                      peer_python=args.peer_python)
         if not args.json_only:
             got = answers[mode]
             if "error" in got:
@@ -211,6 +237,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{mode}: unchanged replay_optimize: {got['unchanged_run']}")
                 print(f"{mode}: answer {json.dumps(got['answer'])} ({got['states_evaluated']} states, "
                       f"search {got['search_wall_s']:.1f} s wall)")
+    if args.min_gpus:
+        for mode in modes:
+            smallest = dynamo_min_budget(max_gpus=args.gpus, mode=mode, rate=args.rate, duration_s=args.duration_s,
+                                         ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, router=args.router,
+                                         objective=args.objective, seed=args.seed, trace=args.trace,
+                                         peer_python=args.peer_python)
+            answers[f"{mode}_min_gpus"] = smallest
+            if not args.json_only:
+                print(f"{mode}: smallest feasible budget: {json.dumps(smallest.get('answer'))} "
+                      f"(budgets tried: {[b['gpus'] for b in smallest.get('budgets', [])]})")
     if not args.no_save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         slim = {m: {k: v for k, v in a.items() if k != "evaluated"} for m, a in answers.items()}
