@@ -246,10 +246,11 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
 # ---------------------------------------------------------------- the lmsim half
 
 
-def lmsim_missing() -> str | None:
+def lmsim_missing(autoscaler: str = "sla_planner") -> str | None:
     """Why lmsim cannot run the planner side, or None when it can: it needs the `fleet`
-    engine (lmsim.engine.fleet) and the `sla_planner` autoscaler (lmsim.autoscalers),
-    FLEET_DESIGN.md; both land from the `fleet` and `scalers` branches."""
+    engine (lmsim.engine.fleet) and the autoscaler (`sla_planner`, or `schedule` to replay
+    Dynamo's own trajectory) in lmsim.autoscalers, FLEET_DESIGN.md; they land from the
+    `fleet` and `scalers` branches."""
     try:
         from lmsim.autoscalers import AUTOSCALERS
     except ImportError:
@@ -259,18 +260,36 @@ def lmsim_missing() -> str | None:
     except ImportError:
         return "lmsim.engine.fleet is not on this tree (the fleet branch is not merged)"
     names = list(AUTOSCALERS.names()) if hasattr(AUTOSCALERS, "names") else list(AUTOSCALERS)
-    if "sla_planner" not in names:
-        return f"lmsim has no 'sla_planner' autoscaler (registered: {', '.join(names) or 'none'})"
+    if autoscaler not in names:
+        return f"lmsim has no {autoscaler!r} autoscaler (registered: {', '.join(names) or 'none'})"
     return None
 
 
-def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path) -> dict:
+def dynamo_schedule(row: dict, args: argparse.Namespace) -> dict[str, list[list[float]]]:
+    """Dynamo's decided replica targets per lmsim pool, as the `schedule` autoscaler's
+    `replicas` ([[time_s, count], ...]): the initial counts, then each scaling event's target
+    at its tick. Replaying them in lmsim separates the engine (same fleet decisions, lmsim's
+    start-up, drain and routing) from the planner (lmsim's own decisions)."""
+    if row["mode"] == "agg":
+        schedule = {"default": [[0.0, args.decode]]}
+    else:
+        schedule = {"prefill": [[0.0, args.prefill]], "decode": [[0.0, args.decode]]}
+    for event in row.get("events", []):
+        pool = "default" if event["role"] == "agg" else event["role"]
+        schedule[pool].append([float(event["at_s"]), int(event["to"])])
+    return schedule
+
+
+def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path,
+                 schedule: dict[str, list[list[float]]] | None = None) -> dict:
     """The lmsim experiment matching a Dynamo planner case (FLEET_DESIGN.md sections).
 
     Same trace, KV size, batch limits, step model (`polynomial`, the mocker's closed forms),
     round robin, start-up time; `sla_planner` params carry the planner's targets, intervals
     and predictor, named as Dynamo's PlannerConfig names them. The coordinator checks the
-    param names against lmsim/autoscalers/sla_planner.py after the merge."""
+    param names against lmsim/autoscalers/sla_planner.py after the merge. With `schedule`
+    (from `dynamo_schedule`) the `schedule` autoscaler replays Dynamo's decisions instead,
+    checked at Dynamo's load interval."""
     mode = case.split("-")[-1]
     poly = {"kind": "polynomial"}
     cluster: dict = {"profile": poly, "num_gpu_blocks": args.num_blocks, "block_size": 16,
@@ -303,7 +322,12 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
         "output": {"dir": str(out_dir), "figures": False,
                    "slo": {"ttft_s": args.ttft_ms / 1000.0, "tpot_s": args.itl_ms / 1000.0}},
     }
-    if not fixed:
+    if schedule is not None:
+        config["fleet"] = {"pools": pools}
+        config["autoscaler"] = {"name": "schedule", "interval_s": float(args.load_interval_s),
+                                "params": {"replicas": schedule}}
+        config["cost"] = {"window_s": 60.0}
+    elif not fixed:
         config["fleet"] = {"pools": pools}
         config["autoscaler"] = {
             "name": "sla_planner", "interval_s": float(args.throughput_interval_s), "metrics_delay_s": 0.0,
@@ -315,8 +339,11 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
     return config
 
 
-def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> dict:
-    """One lmsim run of the case; its summary row and trajectory rows (from fleet_events)."""
+def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path,
+               schedule: dict[str, list[list[float]]] | None = None) -> dict:
+    """One lmsim run of the case (or of Dynamo's trajectory for it, with `schedule`); its
+    summary row and trajectory rows (from fleet_events). The row's case is
+    `dynamo-fleet:<case>` for a replayed trajectory."""
     import numpy as np
     import pandas as pd
 
@@ -324,7 +351,8 @@ def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> d
     from lmsim.study.compose import build_simulation
     from lmsim.study.experiment import load_workload_trace
 
-    config = validate(lmsim_config(case, args, trace, tmp / f"lmsim-{case}"), where="dynamo_planner")
+    label = case if schedule is None else f"dynamo-fleet:{case}"
+    config = validate(lmsim_config(case, args, trace, tmp / f"lmsim-{case}", schedule), where="dynamo_planner")
     started = time.perf_counter()
     sim = build_simulation(config, load_workload_trace(config))
     results = sim.run()
@@ -338,25 +366,26 @@ def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> d
     slo = slo_attainment(rows, args.ttft_ms, args.itl_ms)
     s = results.summary
     fleet = s.get("fleet") or {}
-    gpu_s = sum(float(p.get("gpu_seconds", 0.0)) for p in fleet.values() if isinstance(p, dict)) if fleet else None
+    # summary.fleet (lmsim/engine/fleet.py): provisioned GPU-seconds, start of start-up to end of drain
+    gpu_s = float(fleet["gpu_seconds"]) if "gpu_seconds" in fleet else None
     trajectory = []
     events = getattr(results, "fleet_events", None)
     if isinstance(events, pd.DataFrame) and len(events):
-        trajectory = trajectory_from_events(events, case)
+        trajectory = trajectory_from_events(events, label)
     if case.startswith("fixed"):  # a fixed fleet: every instance for the whole run, as Dynamo counts it
         pools = config.cluster.pools or []
         n_p = sum(pool.num_instances for pool in pools if pool.role == "prefill")
         n_d = sum(pool.num_instances for pool in pools if pool.role != "prefill") if pools else config.cluster.num_instances
         end = float(s["duration_s"])
         gpu_s = (n_p + n_d) * end
-        trajectory = [{"side": "lmsim", "case": case, "time_s": t, "prefill_active": n_p, "decode_active": n_d,
+        trajectory = [{"side": "lmsim", "case": label, "time_s": t, "prefill_active": n_p, "decode_active": n_d,
                        "prefill_starting": 0, "decode_starting": 0, "prefill_draining": 0, "decode_draining": 0}
                       for t in (0.0, end)]
-    return {"row": {"case": case, "side": "lmsim", "gpu_hours": None if gpu_s is None else gpu_s / 3600.0,
+    return {"row": {"case": label, "side": "lmsim", "gpu_hours": None if gpu_s is None else gpu_s / 3600.0,
                     "completed": s.get("num_finished"), "requests": s.get("num_requests"),
                     "ttft_ms_mean": 1000 * (s.get("ttft_s_mean") or 0), "ttft_ms_p90": 1000 * (s.get("ttft_s_p90") or 0),
                     "itl_ms_mean": 1000 * (s.get("itl_s_mean") or 0), "itl_ms_p90": 1000 * (s.get("itl_s_p90") or 0),
-                    "slo_ttft": slo["ttft"], "slo_itl": slo["itl"], "slo_both": slo["both"],
+                    "slo_ttft": float(slo["ttft"]), "slo_itl": float(slo["itl"]), "slo_both": float(slo["both"]),
                     "scale_events": None if not isinstance(events, pd.DataFrame) else int((events.event == "scale").sum()),
                     "run_wall_s": wall},
             "trajectory": trajectory}
@@ -403,32 +432,33 @@ def save(rows: list[dict], trajectory: list[dict], prefix: str, meta: dict) -> N
 
 def steps(trajectory: list[dict], case: str, side: str) -> str:
     """The replica trajectory as 't:PxD' at each change of the active counts."""
+    at: dict[float, tuple[int, int]] = {}
+    for t in trajectory:  # the last state at each time (several events can share one)
+        if t["case"] == case and t["side"] == side:
+            at[float(t["time_s"])] = (int(t.get("prefill_active", 0)), int(t.get("decode_active", 0)))
     out, last = [], None
-    for t in trajectory:
-        if t["case"] != case or t["side"] != side:
-            continue
-        now = (t.get("prefill_active", 0), t.get("decode_active", 0))
+    for time_s, now in at.items():
         if now != last:
-            out.append(f"{t['time_s']:.0f}s:{now[0]}P{now[1]}D" if now[0] else f"{t['time_s']:.0f}s:{now[1]}")
+            out.append(f"{time_s:.0f}s:{now[0]}P{now[1]}D" if now[0] else f"{time_s:.0f}s:{now[1]}")
             last = now
     return " ".join(out)
 
 
 def print_table(rows: list[dict], trajectory: list[dict]) -> None:
-    print(f"{'side':7} {'case':15} {'GPU-h':>7} {'SLO both':>8} {'TTFT ok':>8} {'ITL ok':>8} {'TTFT ms':>8} "
+    print(f"{'side':7} {'case':28} {'GPU-h':>7} {'SLO both':>8} {'TTFT ok':>8} {'ITL ok':>8} {'TTFT ms':>8} "
           f"{'ITL ms':>7} {'events':>6} {'wall s':>7}")
     for r in rows:
         if "error" in r:
-            print(f"{r.get('side', 'dynamo'):7} {r['case']:15} error: {r['error']}")
+            print(f"{r.get('side', 'dynamo'):7} {r['case']:28} error: {r['error']}")
             continue
         wall = r.get("replay_wall_s", r.get("run_wall_s"))
-        print(f"{r['side']:7} {r['case']:15} {cell(r['gpu_hours'], 7, '.3f')} {cell(r['slo_both'], 8, '.3f')} "
+        print(f"{r['side']:7} {r['case']:28} {cell(r['gpu_hours'], 7, '.3f')} {cell(r['slo_both'], 8, '.3f')} "
               f"{cell(r['slo_ttft'], 8, '.3f')} {cell(r['slo_itl'], 8, '.3f')} {cell(r['ttft_ms_mean'], 8, '.1f')} "
               f"{cell(r['itl_ms_mean'], 7, '.2f')} {cell(r['scale_events'], 6)} {cell(wall, 7, '.1f')}")
     print("replica trajectory (time: active prefill x decode, or aggregated workers):")
     for r in rows:
         if "error" not in r:
-            print(f"  {r['side']:7} {r['case']:15} {steps(trajectory, r['case'], r['side'])}")
+            print(f"  {r['side']:7} {r['case']:28} {steps(trajectory, r['case'], r['side'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,8 +547,27 @@ def main(argv: list[str] | None = None) -> int:
             lm_rows.append(got["row"])
             lm_traj += got["trajectory"]
             print(f"  lmsim {case}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
+        # Dynamo's own trajectories replayed through lmsim's fleet (the `schedule` scaler)
+        why_schedule = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing("schedule")
+        planner_rows = [r for r in rows if "error" not in r and r.get("events")]
+        if not planner_rows and args.no_dynamo and (RESULTS / "dynamo_planner_summary.json").is_file():
+            saved = json.loads((RESULTS / "dynamo_planner_summary.json").read_text())["cases"]
+            planner_rows = [r for r in saved if r["case"] in cases and r.get("events")]
+        if why_schedule:
+            print(f"lmsim replays of Dynamo's trajectories not run: {why_schedule}")
+        for row in [] if why_schedule else planner_rows:
+            try:
+                got = lmsim_case(row["case"], args, trace, tmp, schedule=dynamo_schedule(row, args))
+            except Exception as exc:  # e.g. a P/D policy that cannot yet route a subset
+                lm_rows.append({"side": "lmsim", "case": f"dynamo-fleet:{row['case']}",
+                                "error": f"{type(exc).__name__}: {exc}"})
+                print(f"  lmsim dynamo-fleet:{row['case']}: {lm_rows[-1]['error']}", flush=True)
+                continue
+            lm_rows.append(got["row"])
+            lm_traj += got["trajectory"]
+            print(f"  lmsim dynamo-fleet:{row['case']}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
         if lm_rows and not args.no_save:
-            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why})
+            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why, "lmsim_missing_schedule": why_schedule})
     print_table(rows + lm_rows, trajectory + lm_traj)
     return 0
 
