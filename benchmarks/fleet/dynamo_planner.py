@@ -17,7 +17,10 @@ as Mooncake JSONL (512-token hash ids) so both simulators read the same file.
 The cluster: workers of 17,500 blocks of 16 tokens, 8,192 batched tokens and 256 sequences,
 Dynamo's mocker default `polynomial` step model (lmsim: the `polynomial` profile with
 `worker_type` per pool, the same closed forms, lmsim/profile/polynomial.py), round robin,
-prefix caching on, worker start-up `--startup-s` (60 s: the mocker's `startup_time`).
+prefix caching on, worker start-up `--startup-s` (60 s: the mocker's `startup_time`), a P/D
+handoff of the whole prompt x 98,304 B/token at 50 GB/s (as benchmarks/against_dynamo_disagg.py;
+with the mocker's transfer left unset its handoff takes no time and skips the wait lmsim
+models, 78.6 against lmsim's 92.1 ms mean TTFT on 1P+4D; set, 92.53 against 92.44).
 
 Dynamo cases (each one `run_trace_replay(..., planner_config=...)` call; what its planner
 does is in docs/explanation/dynamo-planner.md):
@@ -74,6 +77,7 @@ engine = {"num_gpu_blocks": a["num_blocks"], "block_size": a["block_size"], "max
           "max_num_seqs": a["max_seqs"], "max_model_len": a["max_model_len"], "enable_prefix_caching": True,
           "enable_chunked_prefill": True}
 launch = {"startup_time": a["startup_s"]}
+transfer = {"kv_transfer_bandwidth": a["bandwidth_gb_s"], "kv_transfer_bytes_per_token": a["bytes_per_token"]}
 kw = dict(trace_format="mooncake", trace_block_size=512, router_mode="round_robin", capture_per_request=True)
 if a["planner"] is not None:
     kw["planner_config"] = a["planner"]
@@ -83,8 +87,8 @@ if a["mode"] == "agg":
 else:
     report = run_trace_replay(
         [a["trace"]],
-        prefill_engine_args={**launch, "engine": {**engine, "worker_type": "prefill"}},
-        decode_engine_args={**launch, "engine": {**engine, "worker_type": "decode"}},
+        prefill_engine_args={**launch, "engine": {**engine, **transfer, "worker_type": "prefill"}},
+        decode_engine_args={**launch, "engine": {**engine, **transfer, "worker_type": "decode"}},
         num_prefill_workers=a["prefill"], num_decode_workers=a["decode"], **kw)
 wall = time.perf_counter() - started
 planner = None if report.planner is None else report.planner.to_dict()
@@ -204,7 +208,8 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
     mode = case.split("-")[-1]
     a = {"trace": str(trace), "mode": mode, "prefill": args.prefill, "decode": args.decode,
          "num_blocks": args.num_blocks, "block_size": 16, "max_batched": args.max_batched,
-         "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "startup_s": args.startup_s, "planner": planner_config(case, args),
+         "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "startup_s": args.startup_s,
+         "bandwidth_gb_s": args.bandwidth_gb_s, "bytes_per_token": args.bytes_per_token, "planner": planner_config(case, args),
          "out": str(tmp / f"{case}.json")}
     if case.startswith("fixed"):
         a["prefill"], a["decode"] = args.fixed_prefill, args.fixed_decode
@@ -304,13 +309,14 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
         n_p, n_d = (args.fixed_prefill, args.fixed_decode) if fixed else (args.prefill, args.decode)
         cluster["pools"] = [
             {"name": "prefill", "role": "prefill", "num_instances": n_p,
-             "profile": {**poly, "worker_type": "prefill", "kv_bytes_per_token": 98_304}},
+             "profile": {**poly, "worker_type": "prefill", "kv_bytes_per_token": args.bytes_per_token}},
             {"name": "decode", "role": "decode", "num_instances": n_d, "profile": {**poly, "worker_type": "decode"}},
         ]
         pools = {name: {"min_replicas": 1, "max_replicas": args.gpu_budget - 1, "startup_s": args.startup_s}
                  for name in ("prefill", "decode")}
-        # the mocker's default kv_transfer_bandwidth is null: a handoff takes no time
-        cluster["kv_transfer"] = {"bandwidth_bytes_s": 1e18, "latency_s": 0.0, "sharing": "none", "tokens": "full_prompt"}
+        # the mocker's transfer: the whole prompt at the bandwidth, no latency, no sharing
+        cluster["kv_transfer"] = {"bandwidth_bytes_s": args.bandwidth_gb_s * 1e9, "latency_s": 0.0, "sharing": "none",
+                                  "tokens": "full_prompt"}
         # the mocker admits a landed request in the decode worker's next pass (fidelity.md)
         cluster["kv_connector_poll"] = "instant"
         router = {"policy": "pd", "params": {"prefill_policy": "round_robin", "decode_policy": "round_robin",
@@ -489,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=16_384,
                    help="context length; Dynamo's latency/throughput targets scale prefill on queue / context length")
+    p.add_argument("--bandwidth-gb-s", type=float, default=50.0,
+                   help="P/D KV transfer bandwidth (the mocker's kv_transfer_bandwidth, GB/s)")
+    p.add_argument("--bytes-per-token", type=int, default=98_304, help="KV bytes a transfer moves per token")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     p.add_argument("--no-lmsim", action="store_true", help="Dynamo half only")
     p.add_argument("--no-dynamo", action="store_true", help="lmsim half only (keeps the saved Dynamo results)")
@@ -511,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
                 "itl_ms": args.itl_ms, "startup_s": args.startup_s, "load_interval_s": args.load_interval_s,
                 "throughput_interval_s": args.throughput_interval_s, "predictor": args.predictor,
                 "gpu_budget": args.gpu_budget, "num_blocks": args.num_blocks, "max_batched": args.max_batched,
-                "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "step_model": "polynomial (mocker default)", "router": "round_robin"}
+                "max_seqs": args.max_seqs, "max_model_len": args.max_model_len,
+                "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin"}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
         rows, trajectory = [], []

@@ -34,7 +34,8 @@ AISimulate (`aisimulate` 0.13, not installable here: see benchmarks/peer_stubs.p
 perf model of model x GPU x TP). The script first calls replay_optimize unchanged and
 records its error, then runs the same search code with those two hooks replaced: TP fixed at
 1 (one GPU per worker) and the candidates' engine args left on the mocker's default
-`polynomial` step model (the closed forms lmsim's `polynomial` profile reproduces), so the
+`polynomial` step model (disaggregated: a handoff of the whole prompt x 98,304 B/token at
+50 GB/s, as benchmarks/fleet/dynamo_planner.py) (the closed forms lmsim's `polynomial` profile reproduces), so the
 search, the feasibility gate and the ranking are Dynamo's own, over Dynamo's replay. The
 answer is therefore "which P/D split (or how many aggregated workers) and which router
 settings, out of a budget of N one-GPU workers", not a TP choice.
@@ -74,11 +75,12 @@ from dynamo.profiler.utils.replay_optimize import (
 
 engine = {"num_gpu_blocks": a["num_blocks"], "block_size": a["block_size"], "max_num_batched_tokens": a["max_batched"],
           "max_num_seqs": a["max_seqs"], "enable_prefix_caching": True, "enable_chunked_prefill": True}
+transfer = {"kv_transfer_bandwidth": a["bandwidth_gb_s"], "kv_transfer_bytes_per_token": a["bytes_per_token"]}
 spec = ReplayOptimizeSpec(
     engine=EngineSpec(model=a["model"], backend="vllm",
                       baseEngineArgs={"engine": dict(engine)},
-                      basePrefillEngineArgs={"engine": dict(engine)},
-                      baseDecodeEngineArgs={"engine": dict(engine)}),
+                      basePrefillEngineArgs={"engine": {**engine, **transfer}},
+                      baseDecodeEngineArgs={"engine": {**engine, **transfer}}),
     hardware=HardwareSpec(gpuSku=a["gpu_sku"], totalGpus=a["gpus"]),
     workload=WorkloadSpec(traceFile=a["trace"], traceFormat="mooncake"),
     sla=SLASpec(ttft=a["ttft_ms"], itl=a["itl_ms"]),
@@ -127,6 +129,7 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
                   itl_ms: float = 25.0, mode: str = "disagg", router: str = "both", objective: str = "throughput",
                   seed: int = 0,
                   num_blocks: int = 17_500, max_batched: int = 8192, max_seqs: int = 256,
+                  bandwidth_gb_s: float = 50.0, bytes_per_token: int = 98_304,
                   gpu_sku: str = "h100_sxm", model: str = "Qwen/Qwen3-32B", trace: str | None = None,
                   peer_python: str = DEFAULT_PEER) -> dict:
     """Dynamo replay_optimize's choice for the case, as a JSON-ready dict.
@@ -146,7 +149,8 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
             info = make_trace(Path(trace), [(0.0, rate)], duration_s, seed)
         a = {"trace": str(Path(trace).resolve()), "gpus": gpus, "ttft_ms": ttft_ms, "itl_ms": itl_ms, "mode": mode,
              "router": router, "objective": objective, "num_blocks": num_blocks, "block_size": 16, "max_batched": max_batched,
-             "max_seqs": max_seqs, "gpu_sku": gpu_sku, "model": model}
+             "max_seqs": max_seqs, "gpu_sku": gpu_sku, "model": model,
+             "bandwidth_gb_s": bandwidth_gb_s, "bytes_per_token": bytes_per_token}
         started = time.perf_counter()
         got = run_in_peer(peer_python, DYNAMO_CHILD, a)
         wall = time.perf_counter() - started
@@ -171,7 +175,9 @@ def dynamo_answer(*, gpus: int = 8, rate: float = 16.0, duration_s: float = 300.
         "case": {"mode": mode, "gpu_budget": gpus, "rate_rps": rate, "duration_s": duration_s, "trace": info,
                  "slo": {"ttft_ms_mean": ttft_ms, "itl_ms_mean": itl_ms}, "router": router, "objective": objective,
                  "engine": {"num_gpu_blocks": num_blocks, "block_size": 16, "max_num_batched_tokens": max_batched,
-                            "max_num_seqs": max_seqs, "step_model": "polynomial (mocker default)", "tp": 1}},
+                            "max_num_seqs": max_seqs, "step_model": "polynomial (mocker default)", "tp": 1,
+                            "kv_transfer": None if mode == "agg" else
+                            f"{bandwidth_gb_s:g} GB/s x {bytes_per_token} B/token, full prompt"}},
         "unchanged_run": got["unchanged"],
         "answer": answer,
         "states_evaluated": len(got["evaluated"]),
