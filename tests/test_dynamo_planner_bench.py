@@ -39,7 +39,7 @@ def _args(**over) -> argparse.Namespace:
     base = {"num_blocks": 17_500, "max_batched": 8192, "max_seqs": 256, "max_model_len": 16_384,
             "fixed_prefill": 1, "fixed_decode": 4, "fixed_agg": 4, "prefill": 1, "decode": 1, "gpu_budget": 16,
             "startup_s": 60.0, "ttft_ms": 500.0, "itl_ms": 25.0, "throughput_interval_s": 60, "load_interval_s": 10,
-            "predictor": "arima", "bandwidth_gb_s": 50.0, "bytes_per_token": 98_304}
+            "predictor": "kalman", "bandwidth_gb_s": 50.0, "bytes_per_token": 98_304}
     return argparse.Namespace(**{**base, **over})
 
 
