@@ -317,6 +317,36 @@ def test_the_scaler_reads_a_scrape_taken_metrics_delay_earlier():
     assert set(watcher.ctx.pools) == {"default"} and watcher.ctx.interval_s == 1.0
 
 
+class _RaiseOnce(_Watcher):
+    """Asks for 2 instances at its first decision, then only watches."""
+
+    def decide(self, observation):
+        self.seen.append(observation)
+        return {"default": 2} if len(self.seen) == 1 else {}
+
+
+def test_replica_counts_are_live_while_metrics_are_a_scrape_old():
+    """interval 1 s, metrics delay 1.5 s (longer than the interval): decision 1 (t=1) reads
+    the scrape of max(0, 1 - 1.5) = 0, decision 2 (t=2) the scrape of 0.5. The first decision
+    raises the target from 1 to 2 (max 2; start-up 10 s, so the new instance is still
+    starting at t=2). The scrape at 0.5 was taken before that, yet decision 2 must see
+    target 2 and 1 starting instance: an HPA reads spec.replicas and readiness from the API
+    server, not from the metrics pipeline. (With the scrape's counts it saw target 1 and
+    would have asked again, or taken it back.) r0..r2 keep the run going past t=2."""
+    from lmsim.engine.simulation import Simulation
+    from lmsim.policies import POLICIES
+
+    trace = make_trace([0.1, 1.2, 2.4], [16, 16, 16], [2, 2, 2])
+    config = make_config(fleet={"startup_s": 10.0, "pools": {"default": {"max_replicas": 2}}},
+                         autoscaler={"name": "schedule", "interval_s": 1.0, "metrics_delay_s": 1.5,
+                                     "params": {"replicas": {"default": [[0, 1]]}}})
+    watcher = _RaiseOnce()
+    Simulation(config, trace, POLICIES.create("round_robin"), watcher).run()
+    assert [(o.time_s, o.scraped_at_s) for o in watcher.seen][:2] == [(1.0, 0.0), (2.0, 0.5)]
+    second = watcher.seen[1].pools["default"]
+    assert (second.target, second.active, second.starting) == (2, 1, 1)
+
+
 def test_the_schedule_scaler_answers_the_count_in_force():
     """`replicas: {a: [[0, 4], [600, 8], [1800, 4]]}`: 4 from 0 s, 8 from 600 s, 4 again
     from 1800 s; a pool whose first entry is later is left alone before it."""

@@ -671,7 +671,22 @@ class Fleet:
         now = self.env.now
         materialize_all(self.sim.instances, now)
         assert self.autoscaler is not None
+        # Replica counts are read live, only the engines' metrics are a scrape old: an HPA
+        # reads the scale subresource and pod readiness from the API server
+        # (horizontal.go reconcileAutoscaler), Dynamo's planner the ready workers from its
+        # runtime. With the scrape's counts, a scaler that had just raised the target saw
+        # the old one and took it back (the HPA flapped 8 <-> 9 every sync).
+        pools = {name: self._live_counts(k, obs) for k, (name, obs) in enumerate(pools.items())}
         self.apply(self.autoscaler.decide(FleetObservation(now, scraped_at, self.interval_s, pools)))
+
+    def _live_counts(self, k: int, scraped: PoolObservation) -> PoolObservation:
+        counts = [0] * 6
+        for i in self.plans[k].ids:
+            counts[self.state[i]] += 1
+        return dataclasses.replace(
+            scraped, target=self.targets[k], active=counts[ACTIVE], starting=counts[STARTING] + counts[WARMING],
+            draining=counts[DRAINING], failed=counts[FAILED],
+        )
 
     def apply(self, desired: dict[str, int]) -> None:
         """Clamp each pool's desired count and move its instances towards it."""
