@@ -582,6 +582,9 @@ class FleetConfig(_Strict):
     warmup_s: float = Field(0.0, ge=0, description="after loading, before the router sees an instance, s")
     detection_delay_s: float = Field(5.0, ge=0, description="health-check delay before the router stops sending to a crashed instance, s")
     drain_timeout_s: float | None = Field(None, gt=0, description="a draining instance hands back what it still holds after this; None: never")
+    dead_view: Literal["frozen", "empty"] = Field(
+        "frozen", description="what the router sees of a crashed instance before detection: its last state, or idle and empty"
+    )
 
 
 class AutoscalerConfig(_Strict):

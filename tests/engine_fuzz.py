@@ -419,6 +419,7 @@ def _crashes(d: Draft) -> None:
     quantum = 2**-10 if d.dyadic else 0.001
     fleet = d.sections.setdefault("fleet", {})
     fleet["detection_delay_s"] = r.choice([0.0, 4 * quantum, 128 * quantum])
+    fleet["dead_view"] = r.choice(["frozen", "empty"])
     fleet.setdefault("startup_s", r.choice([0.0, 16 * quantum, 256 * quantum]))
     total = sum(fleet.get("pools", {}).get(name, {}).get("max_replicas", n) for name, n in _pools_of(d))
     faults: dict[str, Any] = {

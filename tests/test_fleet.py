@@ -154,6 +154,25 @@ def test_the_router_sends_to_a_dead_instance_until_the_crash_is_detected():
     assert _events(r)[2:] == [(1.0, 0, "crash"), (3.0, 0, "detected")]
 
 
+@pytest.mark.parametrize("dead_view, r3_instance, r3_status", [("frozen", 1, "finished"), ("empty", 0, "failed")])
+def test_the_router_sees_a_dead_instance_as_it_last_was_until_detection(dead_view, r3_instance, r3_status):
+    """vllm (fewest running + waiting, ties to the first listed). r0 (t=0) -> instance 0
+    (tie); r1 (t=0.05) -> instance 1 (0 has 1); r2 (t=0.1) -> instance 0 (tie 1:1). Instance
+    0 crashes at 0.5 holding r0 and r2 (`in_flight: fail`: both fail); detection at 2.5.
+    r3 arrives at 1.0. `frozen`: the router still sees instance 0 as at the crash, 2
+    requests against instance 1's 1, and sends r3 to instance 1: served. `empty`: it sees
+    instance 0 idle (0 against 1), sends r3 there, and r3 is lost with it (failed)."""
+    trace = make_trace([0.0, 0.05, 0.1, 1.0], [16, 16, 16, 16], [400, 400, 400, 2])
+    r = simulate(
+        trace, cluster={"num_instances": 2}, router={"policy": "vllm"},
+        fleet={"detection_delay_s": 2.0, "dead_view": dead_view},
+        faults={"crashes": [{"time_s": 0.5, "instance": 0}], "in_flight": "fail"},
+    )
+    assert [_row(r, i)["status"] for i in (0, 1, 2)] == ["failed", "finished", "failed"]
+    r3 = _row(r, 3)
+    assert (r3["routed_at"], r3["instance_id"], r3["status"]) == (1.0, r3_instance, r3_status)
+
+
 def test_lost_requests_fail_without_retries_or_past_max_retries():
     """The same dead-instance window (crash at 1.0, detected at 3.0). With `in_flight:
     fail` r0 (t=1.5) fails at once (instance_crash). With `max_retries: 1` it is sent again

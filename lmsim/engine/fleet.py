@@ -40,6 +40,20 @@ crash keeps nothing.
 ones whose crash is younger than `fleet.detection_delay_s` (the health check has not
 noticed yet). A request sent to a crashed instance is lost like the ones it held.
 
+**What the router sees of a crashed instance it still lists** (`fleet.dead_view`). `frozen`
+(default): what it last knew, the instance's load and cached prefixes at the crash, until
+the crash is detected; only then do KV-event subscribers hear its blocks removed. `empty`:
+the crashed instance as restarted, idle and with no cache, at once. A real router learns of
+a crash only through its health check or discovery: a dead engine stops answering metric
+scrapes (llm-d's EPP keeps the pod's last metrics until the pod leaves the endpoint
+slice), stops publishing KV events and load metrics (Dynamo's KV router keeps a worker's
+blocks in its radix tree until the worker's lease expires and discovery removes it), so
+its last picture stays. Measured on experiments/beyond/fleet/crash.yaml (ChatBot at 70% of
+16 H20, one crash at 300 s, 5 s detection): under `empty` a load-aware router sends the
+"idle" dead instance a burst in those 5 s (vllm: 245 requests retried, all 245 lost again
+and failed, as the immediate retry went to the same instance), a black hole no real
+router is shown; under `frozen` it does not.
+
 **Losing requests.** A crash loses everything on the instance (running, waiting, loading).
 With `faults.in_flight: retry` each is sent again through the router `retry_after_s` later,
 as a fresh request (a new prefill, the original arrival time kept, so its TTFT includes the
@@ -210,15 +224,54 @@ def plan_pools(config: ExperimentConfig, pools: list[PoolSpec], initial: list[in
     return plans
 
 
+class FrozenInstanceView:
+    """A crashed instance as the router last knew it (`fleet.dead_view: frozen`): its load
+    and cached prefix at the crash, read-only, with the live view's fixed facts."""
+
+    _LOAD = ("num_running", "num_waiting", "batch_size", "num_prefilling", "pending_prefill_tokens",
+             "total_tokens", "decode_context_tokens", "kv_usage", "num_free_blocks", "num_total_blocks")
+
+    def __init__(self, live: Any, cached_hashes: set[int], block_size: int) -> None:
+        for name in ("instance_id", "pool", "role", "cost_model", "max_num_batched_tokens", "max_num_seqs",
+                     *self._LOAD):
+            setattr(self, name, getattr(live, name))
+        self._queued = list(live.queued_prefills())
+        self._hashes = cached_hashes
+        self._block_size = block_size
+        self._live = live
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """The leading prompt blocks the instance held at the crash (capped as the global
+        index caps a hit: one token is always computed)."""
+        cap = (request.input_tokens - 1) // self._block_size
+        n = 0
+        for block_hash in request.block_hashes[:cap]:
+            if block_hash not in self._hashes:
+                break
+            n += 1
+        return n * self._block_size
+
+    def queued_prefills(self) -> list[tuple[int, int]]:
+        return list(self._queued)
+
+    def step_in_flight(self) -> tuple[float, list[int]]:
+        return 0.0, [0] * len(self._queued)
+
+    def kv_load_time_s(self, host_tokens: int, disk_tokens: int) -> float:
+        return self._live.kv_load_time_s(host_tokens, disk_tokens)
+
+
 class RoutableView:
     """A cluster view listing only some instances (the routable ones), in id order, by
     position: `instances[k]` and entry k of the prefix vectors are the k-th listed instance
     (FLEET_DESIGN.md, "Routable subset"). Anything else is the whole cluster's."""
 
-    def __init__(self, base: Any, ids: list[int]) -> None:
+    def __init__(self, base: Any, ids: list[int], frozen: dict[int, FrozenInstanceView] | None = None) -> None:
         self._base = base
         self._ids = ids
-        self.instances = [base.instances[i] for i in ids]
+        frozen = frozen or {}
+        self._frozen = [(k, frozen[i]) for k, i in enumerate(ids) if i in frozen]
+        self.instances = [frozen.get(i) or base.instances[i] for i in ids]
         self.block_size = base.block_size
 
     @property
@@ -227,11 +280,17 @@ class RoutableView:
 
     def cached_prefix_tokens(self, request: Request) -> list[int]:
         full = self._base.cached_prefix_tokens(request)
-        return [full[i] for i in self._ids]
+        out = [full[i] for i in self._ids]
+        for k, view in self._frozen:
+            out[k] = view.cached_prefix_tokens(request)
+        return out
 
     def cached_prefix_tokens_by_tier(self, request: Request) -> list[tuple[int, int, int]]:
         full = self._base.cached_prefix_tokens_by_tier(request)
-        return [full[i] for i in self._ids]
+        out = [full[i] for i in self._ids]
+        for k, view in self._frozen:
+            out[k] = (view.cached_prefix_tokens(request), 0, 0)
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._base, name)
@@ -306,6 +365,10 @@ class Fleet:
         self.state = [STOPPED] * n
         self.epoch = [0] * n  # bumped by every transition: a timer of an older epoch is stale
         self.undetected: set[int] = set()  # crashed, still listed by the router
+        # what the router still sees of them (dead_view: frozen), and the blocks whose
+        # removal it hears of only at detection
+        self.frozen: dict[int, FrozenInstanceView] = {}
+        self._unpublished: dict[int, list[int]] = {}
         self.routable: list[int] = []
         self.version = 0
         self._view: tuple[int, Any, RoutableView] | None = None
@@ -396,7 +459,7 @@ class Fleet:
         adapted view's instance list is renewed by a scrape)."""
         cached = self._view
         if cached is None or cached[0] != self.version or cached[1] is not cluster.instances:
-            cached = self._view = (self.version, cluster.instances, RoutableView(cluster, self.routable))
+            cached = self._view = (self.version, cluster.instances, RoutableView(cluster, self.routable, self.frozen))
         return cached[2]
 
     def serves(self, i: int) -> bool:
@@ -505,7 +568,13 @@ class Fleet:
         state = self.state[i]
         if state in (STOPPED, FAILED):
             return
-        lost = self._empty(i)
+        freeze = state == ACTIVE and self.config.dead_view == "frozen"
+        if freeze:
+            sim = self.sim
+            sim.instances[i].materialize()
+            old = sim.instances[i].scheduler
+            self.frozen[i] = FrozenInstanceView(sim.cluster.instances[i], set(old.cache.cached_hashes), old.block_size)
+        lost = self._empty(i, publish_removals=not freeze)
         self._event(i, "crash")
         self.num_crashes[self.pool_of[i]] += 1
         if state == ACTIVE:
@@ -524,6 +593,12 @@ class Fleet:
     def _detect(self, i: int) -> None:
         self._event(i, "detected")
         self.undetected.discard(i)
+        self.frozen.pop(i, None)
+        hashes = self._unpublished.pop(i, None)
+        if hashes:
+            at = max(self.env.now, self._last_stamp[i])
+            for block_hash in hashes:
+                self.sim._publish_kv_event(i, block_hash, False, at)
         self._refresh_routable()
 
     def _restart(self, i: int) -> None:
@@ -531,9 +606,10 @@ class Fleet:
             self._detect(i)
         self.start(i, restart=True)
 
-    def _empty(self, i: int) -> list[Request]:
+    def _empty(self, i: int, *, publish_removals: bool = True) -> list[Request]:
         """Take every request off instance i and give it an empty cache (module docstring);
-        returns the requests, by request id."""
+        returns the requests, by request id. Without `publish_removals` the KV-event
+        subscribers hear of the removed blocks only at detection (a frozen dead view)."""
         sim = self.sim
         instance = sim.instances[i]
         old = instance.scheduler
@@ -541,9 +617,13 @@ class Fleet:
         held = [r for r in old.held if id(r) not in landed]
         lost = sorted([*old.running, *old.waiting, *old.loading, *held], key=_by_id)
         if sim._kv_subscribers:
-            at = max(self.env.now, self._last_stamp[i])
-            for block_hash in sorted(old.cache.cached_hashes):
-                sim._publish_kv_event(i, block_hash, False, at)
+            removed = sorted(old.cache.cached_hashes)
+            if publish_removals:
+                at = max(self.env.now, self._last_stamp[i])
+                for block_hash in removed:
+                    sim._publish_kv_event(i, block_hash, False, at)
+            else:
+                self._unpublished[i] = removed
         last_step = instance.reset(sim.new_scheduler(i))
         if last_step > sim.last_activity_s:  # ended inside a fast-forwarded run: a step end stepping saw
             sim.last_activity_s = last_step
