@@ -95,13 +95,14 @@ def run_plan(
             "early_stop": plan.search.early_stop}  # fmt: skip
     plugins = loaded_plugins()
 
-    def make_task(design: Design, n: int, limit: int | None, seed: int) -> dict[str, Any]:
+    def make_task(design: Design, n: int, limit: int | None, seed: int, *, whole: bool = False) -> dict[str, Any]:
+        stop_here = {**stop, "early_stop": False} if whole else stop
         exp = design.experiment(raw, n)
         exp["seed"] = seed
         if limit is not None:
             exp.setdefault("workload", {})["limit"] = limit
         exp.setdefault("output", {})["figures"] = False
-        return {"key": probe_key(exp, plan.slo, stop), "raw": exp, "slo": dict(plan.slo), "stop": stop,
+        return {"key": probe_key(exp, plan.slo, stop_here), "raw": exp, "slo": dict(plan.slo), "stop": stop_here,
                 "where": f"{where} [{design.label} x{n}]", "experiment_dir": str(experiment_dir),
                 "plugins": plugins}  # fmt: skip
 
@@ -140,6 +141,8 @@ def run_plan(
         full = _stage("full runs", None, base.seed, alive, plan, previous)
         drive(full, make_task, store.get, execute, say)
         stages.append(full)
+        if all(s.answer is None for s in full.searches.values()):
+            _measure_at_budget(full, make_task, store.get, execute)
         seeded = _seeds(full, plan, base.seed, make_task, store.get, execute, say, stages)
     finally:
         executor.close()
@@ -165,6 +168,23 @@ def _stage(name: str, limit: int | None, seed: int, designs: list[Design], plan:
         start = previous.get(d.label) or d.min_instances
         stage.searches[d.label] = CountSearch(d, d.min_instances, cap, start)
     return stage
+
+
+def _measure_at_budget(full: Stage, make_task: Any, lookup: Any, execute: Any) -> None:
+    """Nothing met the SLO: run every design once more at its budget without the early stop,
+    so the report can say by how much each bound is missed (an early-stopped run only knows
+    that it is)."""
+    tasks = {}
+    for label, search in full.searches.items():
+        task = make_task(search.design, search.cap, full.limit, full.seed, whole=True)
+        tasks[label] = task
+    known = {label: lookup(t["key"]) for label, t in tasks.items()}
+    ran = {r["key"]: r for r in execute([t for label, t in tasks.items() if known[label] is None])}
+    for label, task in tasks.items():
+        result = known[label] or ran[task["key"]]
+        if not result["ok"]:
+            raise ConfigError(f"{label} at the budget: {result['error']}")
+        full.searches[label].at_budget = result
 
 
 def _seeds(full: Stage, plan: PlanSection, base_seed: int, make_task: Any, lookup: Any, execute: Any,
@@ -208,7 +228,7 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
             continue
         n = search.answer
         if n is None:
-            last = search.probes[max(search.probes)] if search.probes else {}
+            last = search.at_budget or (search.probes[max(search.probes)] if search.probes else {})
             row.update(status="infeasible", evidence=f"at {d.gpus(search.cap)} GPUs (budget): {failure_text(last)}",
                        closest=last)  # fmt: skip
             rows.append(row)
@@ -313,10 +333,13 @@ def winner_experiment(raw: dict[str, Any], base: ExperimentConfig, design: Desig
                       plan: PlanSection) -> dict[str, Any]:  # fmt: skip
     """The winning design as a runnable experiment: the base experiment at the count that met
     the SLO under every seed."""
-    exp = design.experiment(raw, n)
+    exp = {"name": f"{base.name}-plan", "description": "", **design.experiment(raw, n)}
     exp["name"] = f"{base.name}-plan"
     exp["description"] = (f"Cheapest design of `lmsim plan` ({plan.objective}): {design.label}, "
                           f"{design.describe(n)}, {design.gpus(n)} GPUs, meeting "
                           + ", ".join(f"{k} {v:g}" for k, v in sorted(plan.slo.items())))  # fmt: skip
-    exp.setdefault("output", {}).pop("dir", None)
+    output = exp.get("output") or {}
+    output.pop("dir", None)
+    if not output:
+        exp.pop("output", None)
     return exp

@@ -40,6 +40,7 @@ class CountSearch:
     meets: int | None = None  # smallest count known to meet
     fails: int = 0  # largest count known to fail (low - 1: none)
     probes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    at_budget: dict[str, Any] | None = None  # a whole run at the cap when nothing is feasible
 
     def __post_init__(self) -> None:
         self.fails = self.low - 1
@@ -179,9 +180,10 @@ def failure_text(probe: dict[str, Any]) -> str:
             shown = "none" if value is None else f"{value:.3f}"
             parts.append(f"attainment {shown} < {limit:g}")
         elif value is None or value >= 1e11:
-            parts.append(f"{key}: requests left unfinished (bound {limit:g} s)")
+            early = str(probe.get("early") or "").startswith("failed")
+            parts.append(f"{key}: more requests over {limit:g} s than the percentile allows"
+                         + (f" (certain after {probe['stopped_at_s']:.0f} s simulated)" if early
+                            else " (some left unfinished)"))
         else:
             parts.append(f"{key} {value:.3g} s > {limit:g} s (+{100 * (value / limit - 1):.0f}%)")
-    if probe.get("early", "") and str(probe.get("early")).startswith("failed"):
-        parts.append(f"stopped early at {probe['stopped_at_s']:.0f} s simulated")
     return "; ".join(parts) or "met"
