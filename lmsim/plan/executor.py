@@ -64,10 +64,14 @@ class ProbeExecutor:
 
     def close(self) -> None:
         if self._pool is not None:
+            # Probes in flight (an interruption) are abandoned: end their workers now (the pool
+            # has no public way to), as lmsim sweep does; after a normal end there are none.
+            workers = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
-            for proc in list(getattr(self._pool, "_processes", {}).values() or ()):
+            for proc in workers:
                 with contextlib.suppress(Exception):
                     proc.terminate()
+            self._pool = None
         for thing in (self._client, self._cluster):
             if thing is not None:
                 with contextlib.suppress(Exception):

@@ -31,8 +31,10 @@ def format_table(result: Any) -> str:
     header = ["design", "GPUs", "$/h", "$/M tok", *keys, "status"]
     lines = []
     order = {"feasible": 0, "infeasible": 1, "screened out": 2}
-    rows = sorted(result.rows, key=lambda r: (order[r["status"]], r.get("cost_per_hour") or math.inf,
-                                              r.get("gpus") or math.inf, r["design"]))  # fmt: skip
+    rank = {"cheapest": 0, "tie (within seed noise)": 1, "finalist": 2}
+    rows = sorted(result.rows, key=lambda r: (order[r["status"]], rank.get(r.get("rank_note", ""), 3),
+                                              r.get("cost_per_hour") or math.inf, r.get("gpus") or math.inf,
+                                              r["design"]))  # fmt: skip
     body = []
     for r in rows:
         if r["status"] != "feasible":
@@ -107,7 +109,8 @@ def pareto_points(result: Any) -> tuple[str | None, list[dict[str, Any]]]:
             value = probe.get("values", {}).get(key)
             if value is None or value >= 1e11:
                 continue
-            points.append({"design": label, "router": d.router.name, "gpu": d.gpu.label, "instances": n,
+            points.append({"design": label, "router": d.router.name, "gpu": d.gpu.label, "shape": d.shape,
+                           "instances": n,
                            "gpus": d.gpus(n), "cost_per_hour": d.cost_per_hour(n), "value": value,
                            "met": probe["met"]})  # fmt: skip
     return key, points
@@ -141,14 +144,15 @@ def draw_pareto(result: Any, path: Path) -> Path | None:
         p["plotted"] = 1 - p["value"] if attainment else p["value"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     markers = "osD^vPX*"
-    gpus = sorted({p["gpu"] for p in points})
+    kinds = sorted({(p["gpu"], p["shape"]) for p in points})  # marker: GPU and shape; colour: router
     for router in sorted({p["router"] for p in points}):
         style = policy_style(router)
-        for i, gpu in enumerate(gpus):
-            mine = [p for p in points if p["router"] == router and p["gpu"] == gpu]
+        for i, kind in enumerate(kinds):
+            mine = [p for p in points if p["router"] == router and (p["gpu"], p["shape"]) == kind]
             if mine:
                 ax.scatter([p[x] for p in mine], [p["plotted"] for p in mine], color=style.color,
-                           marker=markers[i % len(markers)], alpha=0.75, s=28, label=f"{router} / {gpu}")  # fmt: skip
+                           marker=markers[i % len(markers)], alpha=0.75, s=28,
+                           label=f"{router} / {kind[0]} {kind[1]}")  # fmt: skip
     best = front([{**p, "value": p["plotted"]} for p in points], x)
     ax.step([p[x] for p in best], [p["value"] for p in best], where="post", color="black", lw=1.2,
             label="Pareto front")  # fmt: skip
@@ -196,3 +200,42 @@ def write_outputs(result: Any, folder: Path) -> None:
         write_text(folder / WINNER_YAML, yaml.safe_dump(result.winner_experiment, sort_keys=False))
     else:
         (folder / WINNER_YAML).unlink(missing_ok=True)
+
+
+def is_plan_dir(path: Path) -> bool:
+    from lmsim.study.rundir import directory_kind
+
+    return directory_kind(path) == "plan" and (path / PLAN_JSON).exists()
+
+
+def find_plans(root: Path) -> list[Path]:
+    """`root` when it is a finished plan, else every plan below it (any depth), in name order."""
+    if is_plan_dir(root):
+        return [root]
+    found = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")):
+        found.extend(find_plans(child))
+    return found
+
+
+def plan_section_html(folder: Path, title: str) -> str:
+    """The plan's section of `lmsim report`: the verdict, the table, the Pareto figure and the
+    winner's experiment, from the saved plan alone."""
+    import base64
+    import html
+
+    data = json.loads((folder / PLAN_JSON).read_text())
+    anchor = html.escape(title)
+    parts = [f'<h2 id="{anchor}">{anchor}</h2>',
+             f"<p>capacity plan (lmsim plan), objective {html.escape(str(data['objective']))}</p>"]  # fmt: skip
+    table = (folder / PLAN_TABLE).read_text() if (folder / PLAN_TABLE).exists() else ""
+    parts.append(f"<h3>designs</h3><pre>{html.escape(table)}</pre>")
+    figure = folder / PARETO_FIGURE
+    if figure.exists():
+        b64 = base64.b64encode(figure.read_bytes()).decode()
+        parts.append(f"<h3>cost against the tightest SLO metric</h3><img alt='pareto' src='data:image/png;base64,{b64}'>")
+    winner = folder / WINNER_YAML
+    if winner.exists():
+        parts.append(f"<details><summary>the cheapest design as an experiment ({WINNER_YAML})</summary>"
+                     f"<pre>{html.escape(winner.read_text())}</pre></details>")  # fmt: skip
+    return "\n".join(parts)

@@ -193,6 +193,10 @@ def _seeds(full: Stage, plan: PlanSection, base_seed: int, make_task: Any, looku
     feasible = [s for s in full.searches.values() if s.answer is not None]
     feasible.sort(key=lambda s: (objective_value(s.design, s.answer, plan.objective), s.design.label))
     finalists = feasible[: plan.search.finalists]
+    if finalists:  # a design costing the same as the last finalist is one too: ties are not cut by name
+        last = objective_value(finalists[-1].design, finalists[-1].answer, plan.objective)
+        finalists += [s for s in feasible[len(finalists):]
+                      if objective_value(s.design, s.answer, plan.objective) <= last + 1e-9]  # fmt: skip
     answers: dict[str, list[int]] = {s.design.label: [] for s in finalists}
     for seed in plan.search.seeds:
         if seed == base_seed:
@@ -283,11 +287,10 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
         "full_runs_saved_estimate": round(per_design * len(screened)),
         "stages": [{"name": s.name, "requests": s.limit, "seed": s.seed, "designs": len(s.searches),
                     "probes_run": s.probes_run, "probes_reused": s.probes_reused,
-                    "probe_wall_s": round(s.wall_s, 2)} for s in stages],  # fmt: skip
+                    "probe_wall_s": round(s.wall_s, 2)} for s in stages],
         "probes_run": sum(s.probes_run for s in stages),
         "probes_reused": sum(s.probes_reused for s in stages),
         "wall_s": round(time.perf_counter() - started, 2),
-        "requests": None,
         "seed": base.seed,
     }
     return PlanResult(plan.objective, rows, winner, tied, per_router, screened, infeasible, notes, stats,

@@ -70,7 +70,7 @@ def parse_bounds(slo: dict[str, float]) -> list[Bound]:
 
 def _ranks(n: int, q: float) -> tuple[int, int]:
     position = (n - 1) * q / 100.0
-    lo = int(math.floor(position))
+    lo = math.floor(position)
     return lo, min(lo + 1, n - 1)
 
 
