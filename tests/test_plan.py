@@ -178,3 +178,16 @@ def test_cli_prints_the_table_and_writes_the_plan(tmp_path, capsys):
     assert "cheapest: lin colocated round_robin: 3 GPUs" in printed
     data = json.loads((out / "plan.json").read_text())
     assert data["winner"] == "lin colocated round_robin"
+
+
+def test_a_local_pool_finds_the_same_answer_and_the_report_shows_the_plan(tmp_path):
+    """Two workers run each round's probes in parallel: the same probes, the same answer; and
+    `lmsim report` on the plan folder has the plan's section with its table and figure."""
+    from lmsim.viz.report import write_report
+
+    path = _plan_file(tmp_path, {"slo": {"ttft_p50_s": 0.6}})
+    result = run_plan(path, out=tmp_path / "out", workers=2, log=None)
+    assert result.row(result.winner)["instances"] == 3 and result.stats["probes_run"] == 4
+    page = write_report(tmp_path / "out", tmp_path / "report.html").read_text()
+    assert "capacity plan (lmsim plan)" in page and "cheapest: lin colocated round_robin: 3 GPUs" in page
+    assert "data:image/png;base64" in page

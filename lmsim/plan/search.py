@@ -172,15 +172,15 @@ def _worst_failure(search: CountSearch) -> str:
 def failure_text(probe: dict[str, Any]) -> str:
     """Which bounds a probe failed, by how much: `ttft_p99_s 3.1 s > 2 s (+55%)`."""
     parts = []
+    early = str(probe.get("early") or "")
     for key, item in sorted(probe.get("judged", {}).items()):
         value, limit, met = item["value"], item["limit"], item["met"]
-        if met:
-            continue
+        if met or (early.startswith("failed") and early != f"failed: {key}" and (value is None or value >= 1e11)):
+            continue  # met, or left undecided by a run stopped for another bound
         if key == "attainment":
             shown = "none" if value is None else f"{value:.3f}"
             parts.append(f"attainment {shown} < {limit:g}")
         elif value is None or value >= 1e11:
-            early = str(probe.get("early") or "").startswith("failed")
             parts.append(f"{key}: more requests over {limit:g} s than the percentile allows"
                          + (f" (certain after {probe['stopped_at_s']:.0f} s simulated)" if early
                             else " (some left unfinished)"))
