@@ -113,7 +113,7 @@ def test_screening_drops_the_slow_design_and_says_why(tmp_path):
     than that (lin 3: +0.01 s a request, 33 requests each; slow 4: +0.02 s, 25 each) puts far
     more than 1% of requests over 0.2 s. So ceil(0.1 / 0.03) = 4 `lin` instances and
     ceil(0.14 / 0.03) = 5 `slow` ones; with keep 0.5 the screening keeps `lin` and drops `slow`
-    naming 5 GPUs against 4, and only `lin` is searched on all 300."""
+    naming 5 GPUs against 4, and only `lin` is searched on all 300 (two probes: 4 and 3)."""
     slow = {**LINEAR, "step_base_s": 0.06}
     result = run_plan(_plan_file(tmp_path, {
         "slo": {"ttft_p99_s": 0.2},
@@ -126,6 +126,8 @@ def test_screening_drops_the_slow_design_and_says_why(tmp_path):
     evidence = result.screened["slow colocated round_robin"]
     assert "first 100 requests" in evidence and "needs 5 GPUs" in evidence and "at most 4 GPUs" in evidence
     assert result.stats["screened_out"] == 1 and result.stats["full_length_designs"] == 1
+    # the full-length search starts at the slice's answer and tries its neighbour: 4 meets, 3 fails
+    assert [(s["name"], s["probes_run"]) for s in result.stats["stages"]][1] == ("full runs", 2)
     assert result.stats["full_runs_saved_estimate"] >= 1
 
 

@@ -165,8 +165,8 @@ def _stage(name: str, limit: int | None, seed: int, designs: list[Design], plan:
     stage = Stage(name, limit, seed)
     for d in designs:
         cap = plan.budget_gpus // d.gpu.tp
-        start = previous.get(d.label) or d.min_instances
-        stage.searches[d.label] = CountSearch(d, d.min_instances, cap, start)
+        start = previous.get(d.label)
+        stage.searches[d.label] = CountSearch(d, d.min_instances, cap, start or d.min_instances, informed=bool(start))
     return stage
 
 
@@ -206,7 +206,7 @@ def _seeds(full: Stage, plan: PlanSection, base_seed: int, make_task: Any, looku
         stage = Stage(f"seed {seed}", None, seed)
         for s in finalists:
             assert s.answer is not None
-            stage.searches[s.design.label] = CountSearch(s.design, s.low, s.cap, s.answer)
+            stage.searches[s.design.label] = CountSearch(s.design, s.low, s.cap, s.answer, informed=True)
         drive(stage, make_task, lookup, execute, say)
         stages.append(stage)
         for label, search in stage.searches.items():

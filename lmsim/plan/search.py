@@ -37,6 +37,7 @@ class CountSearch:
     low: int
     cap: int
     start: int
+    informed: bool = False  # the start is an earlier answer, not a blind guess
     meets: int | None = None  # smallest count known to meet
     fails: int = 0  # largest count known to fail (low - 1: none)
     probes: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -55,16 +56,21 @@ class CountSearch:
         return self.meets
 
     def next_count(self) -> int | None:
+        # An informed start (a shorter slice's or another seed's answer) is usually right or
+        # one off: its neighbour is tried before halving or doubling.
+        first_step = self.informed and len(self.probes) == 1
         if self.meets is not None:
             if self.meets - self.fails <= 1:
                 return None
-            if self.fails < self.low:  # nothing failing known yet: halve down
-                return max(self.low, min(self.meets - 1, self.meets // 2))
+            if self.fails < self.low:  # nothing failing known yet: step down, then halve
+                return self.meets - 1 if first_step else max(self.low, min(self.meets - 1, self.meets // 2))
             return (self.fails + self.meets) // 2
         if self.fails >= self.cap:
             return None  # infeasible within the budget
         if not self.probes:
             return self.start
+        if first_step:
+            return min(self.cap, self.fails + 1)
         return min(self.cap, max(self.fails * 2, self.fails + 1))
 
     def record(self, n: int, probe: dict[str, Any]) -> None:
