@@ -55,7 +55,7 @@ class SearchOptions(_Strict):
     )
     keep: float = Field(0.5, gt=0, le=1, description="share of the designs each rung keeps (successive halving)")
     tie_margin: float = Field(
-        0.0, ge=0, description="a design within this relative cost of a rung's best is kept whatever its rank"
+        0.1, ge=0, description="a design within this relative cost of the last one a rung keeps is kept too (short slices are noisy)"
     )
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1,
                              description="seeds the final candidates are repeated over")

@@ -89,7 +89,11 @@ def run_plan(
     from lmsim.plugins import loaded_plugins
     from lmsim.study.experiment import load_workload_trace
 
+    from lmsim.study.experiment import workload_identity
+
     full_length = len(load_workload_trace(base, experiment_dir))  # also warms the trace cache for forks
+    # in every probe's key: a trace file edited in place is a new workload
+    workload = workload_identity(base, experiment_dir)["source"]
     store = ProbeStore(folder)
     stop = {"drain_limit_s": plan.search.drain_limit_s, "check_interval_s": plan.search.check_interval_s,
             "early_stop": plan.search.early_stop}  # fmt: skip
@@ -102,7 +106,7 @@ def run_plan(
         if limit is not None:
             exp.setdefault("workload", {})["limit"] = limit
         exp.setdefault("output", {})["figures"] = False
-        return {"key": probe_key(exp, plan.slo, stop_here), "raw": exp, "slo": dict(plan.slo), "stop": stop_here,
+        return {"key": probe_key(exp, plan.slo, {**stop_here, "workload": workload}), "raw": exp, "slo": dict(plan.slo), "stop": stop_here,
                 "where": f"{where} [{design.label} x{n}]", "experiment_dir": str(experiment_dir),
                 "plugins": plugins}  # fmt: skip
 
