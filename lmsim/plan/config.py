@@ -195,5 +195,14 @@ def _check_plan(base: ExperimentConfig, plan: PlanSection, where: str) -> None:
         )
     for i, router in enumerate(plan.routers):
         POLICIES.create(router.policy, router.params, where=f"{where}: plan.routers.{i}")
-    if "attainment" in plan.slo and base.output.slo is None:  # pragma: no cover - output.slo has defaults
-        raise ConfigError(f"{where}: plan.slo.attainment: needs output.slo targets")
+
+
+def check_designs(raw: dict[str, Any], designs: list[Any], where: str) -> None:
+    """Each design's experiment checked as `lmsim run` checks one (profile and KV pool, policy
+    and parameters on this shape), before anything runs; an error names the design."""
+    from lmsim.cli import _check_config
+
+    for design in designs:
+        at = f"{where} [{design.label}]"
+        config = validate(design.experiment(raw, design.min_instances), where=at)
+        _check_config(config, at)

@@ -14,7 +14,7 @@ from typing import Any
 
 from lmsim.config import ExperimentConfig
 from lmsim.errors import ConfigError
-from lmsim.plan.config import PlanSection, load_plan
+from lmsim.plan.config import PlanSection, check_designs, load_plan
 from lmsim.plan.design import Design, enumerate_designs
 from lmsim.plan.probe import ProbeStore, probe_key
 from lmsim.plan.search import CountSearch, Stage, drive, failure_text, objective_value, screen
@@ -85,11 +85,10 @@ def run_plan(
     designs, notes = enumerate_designs(plan)
     if not designs:
         raise ConfigError(f"{where}: plan: the design space is empty" + (f" ({notes[0]})" if notes else ""))
+    check_designs(raw, designs, where)
     experiment_dir = base.source_dir or Path.cwd()
     from lmsim.plugins import loaded_plugins
-    from lmsim.study.experiment import load_workload_trace
-
-    from lmsim.study.experiment import workload_identity
+    from lmsim.study.experiment import load_workload_trace, workload_identity
 
     full_length = len(load_workload_trace(base, experiment_dir))  # also warms the trace cache for forks
     # in every probe's key: a trace file edited in place is a new workload
