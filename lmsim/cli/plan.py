@@ -15,7 +15,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the file, e.g. plan.budget_gpus=32 (repeatable)")
     p.add_argument("--workers", type=int, default=1, help="probes run at once (a local process pool)")
-    p.add_argument("--dask", metavar="ADDR", help="run the probes on this Dask scheduler")
+    p.add_argument("--dask", metavar="ADDR", help="run the probes on this Dask scheduler (host:port), or "
+                   "`local` for a Dask LocalCluster of --workers processes")
     p.add_argument("--out", help="plan directory: probes (a rerun resumes from them), table, figure, "
                    "winner.yaml (default: runs/plan/<name>)")
     add_plugin_option(p)

@@ -14,16 +14,17 @@ from lmsim.plan.probe import run_probe
 
 
 class ProbeExecutor:
-    def __init__(self, workers: int = 1, dask: str | None = None, use_dask: bool = False) -> None:
+    def __init__(self, workers: int = 1, dask: str | None = None) -> None:
+        """`dask`: a scheduler address, or `local` for a LocalCluster of `workers` processes."""
         self.workers = workers
         self.dask = dask
         self._pool: Any = None
         self._client: Any = None
         self._cluster: Any = None
-        if dask is not None or use_dask:
+        if dask is not None:
             from lmsim.study.execute import _dask_client
 
-            self._client, self._cluster = _dask_client(workers, dask)
+            self._client, self._cluster = _dask_client(workers, None if dask == "local" else dask)
         elif workers > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -37,7 +38,7 @@ class ProbeExecutor:
     @property
     def where(self) -> str:
         if self._client is not None:
-            return "Dask " + (self.dask or "LocalCluster")
+            return "Dask " + ("LocalCluster" if self.dask == "local" else str(self.dask))
         return f"local pool ({self.workers} workers)" if self._pool is not None else "this process"
 
     def run(self, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
