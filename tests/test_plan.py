@@ -193,3 +193,26 @@ def test_a_local_pool_finds_the_same_answer_and_the_report_shows_the_plan(tmp_pa
     page = write_report(tmp_path / "out", tmp_path / "report.html").read_text()
     assert "capacity plan (lmsim plan)" in page and "cheapest: lin colocated round_robin: 3 GPUs" in page
     assert "data:image/png;base64" in page
+
+
+def test_designs_become_the_experiments_they_name():
+    """`pd 1:2` at n instances: round(n / 3) prefill (at least 1, leaving at least 1 decode);
+    n = 2 -> 1 + 1, 3 -> 1 + 2, 7 -> 2 + 5. A colocated router on P/D pools routes both sides
+    under `pd`; a host tier becomes cluster.kv_tiers.host.capacity_gb. Each is a valid experiment."""
+    from lmsim.config import validate
+    from lmsim.plan.config import GpuOption, RouterOption
+    from lmsim.plan.design import Design
+
+    gpu = GpuOption(name="h100", profile="h100/qwen3-30b-a3b", price_per_hour=2.0)
+    design = Design(gpu, "pd 1:2", 64.0, RouterOption(policy="lmetric"))
+    assert [design.split(n) for n in (2, 3, 7)] == [(1, 1), (1, 2), (2, 5)]
+    base = {"workload": {"generator": {"name": "chatbot", "params": {"num_requests": 10}}, "rate": 5},
+            "cluster": {"num_instances": 4}}  # fmt: skip
+    raw = design.experiment(base, 7)
+    config = validate(raw, where="test")
+    assert [(p.role, p.num_instances) for p in config.cluster.pools] == [("prefill", 2), ("decode", 5)]
+    assert (config.router.policy, config.router.params) == ("pd", {"prefill_policy": "lmetric", "decode_policy": "lmetric"})
+    assert config.cluster.kv_tiers.host.capacity_gb == 64.0
+    assert (design.gpus(7), design.cost_per_hour(7)) == (7, 14.0)
+    colocated = validate(Design(gpu, "colocated", None, RouterOption(policy="vllm")).experiment(base, 3), where="t")
+    assert (colocated.cluster.num_instances, colocated.cluster.pools, colocated.router.policy) == (3, None, "vllm")
