@@ -216,3 +216,25 @@ def test_designs_become_the_experiments_they_name():
     assert (design.gpus(7), design.cost_per_hour(7)) == (7, 14.0)
     colocated = validate(Design(gpu, "colocated", None, RouterOption(policy="vllm")).experiment(base, 3), where="t")
     assert (colocated.cluster.num_instances, colocated.cluster.pools, colocated.router.policy) == (3, None, "vllm")
+
+
+@pytest.mark.parametrize(
+    ("start", "informed", "answer", "sequence"),
+    [
+        (1, False, 11, [1, 2, 4, 8, 16, 12, 10, 11]),  # blind: double to 16, bisect (8, 16]
+        (9, True, 11, [9, 10, 12, 11]),  # informed: gallop 9, 10, 12, then bisect (10, 12]
+        (14, True, 11, [14, 13, 11, 7, 9, 10]),  # from above: 14, 13, 11 meet; 7 fails; bisect (7, 11]
+        (11, True, 11, [11, 10]),  # the earlier answer holds: two probes
+        (4, True, None, [4, 5, 7, 11, 19, 20]),  # nothing meets within the cap of 20
+    ],
+)
+def test_count_search_probe_sequence(start, informed, answer, sequence):
+    """A design that meets the SLO from `answer` instances on (none: never) within a cap of 20."""
+    from lmsim.plan.search import CountSearch
+
+    search = CountSearch(None, 1, 20, start, informed=informed)  # type: ignore[arg-type]
+    seen = []
+    while (n := search.next_count()) is not None:
+        seen.append(n)
+        search.record(n, {"met": answer is not None and n >= answer})
+    assert (seen, search.answer) == (sequence, answer)

@@ -6,6 +6,7 @@
    the doubling), then bisecting between the largest failing and smallest meeting count;
    from a start that already meets it, by halving down first. Every probe is kept: a count
    known to meet (fail) settles every larger (smaller) one.
+   A search started from an earlier answer gallops from it instead (start +- 1, 3, 7, ...).
 2. Screening (successive halving). Every design is first searched on a short slice of the
    workload (`search.screen_requests`, the first N requests at the stated rate); each rung keeps
    the `keep` share with the lowest objective (ties with the last kept one, within
@@ -56,21 +57,24 @@ class CountSearch:
         return self.meets
 
     def next_count(self) -> int | None:
-        # An informed start (a shorter slice's or another seed's answer) is usually right or
-        # one off: its neighbour is tried before halving or doubling.
-        first_step = self.informed and len(self.probes) == 1
+        # From a blind start the count doubles (halves) until the answer is bracketed. From an
+        # informed start (a shorter slice's or another seed's answer, usually right or a few
+        # off) it gallops instead: start +- 1, 3, 7, ... so a near miss costs a probe or two.
+        steps = len(self.probes)
         if self.meets is not None:
             if self.meets - self.fails <= 1:
                 return None
-            if self.fails < self.low:  # nothing failing known yet: step down, then halve
-                return self.meets - 1 if first_step else max(self.low, min(self.meets - 1, self.meets // 2))
+            if self.fails < self.low:  # nothing failing known yet: go down
+                if self.informed:
+                    return max(self.low, self.start - (2**steps - 1))
+                return max(self.low, min(self.meets - 1, self.meets // 2))
             return (self.fails + self.meets) // 2
         if self.fails >= self.cap:
             return None  # infeasible within the budget
         if not self.probes:
             return self.start
-        if first_step:
-            return min(self.cap, self.fails + 1)
+        if self.informed:
+            return min(self.cap, self.start + (2**steps - 1))
         return min(self.cap, max(self.fails * 2, self.fails + 1))
 
     def record(self, n: int, probe: dict[str, Any]) -> None:
