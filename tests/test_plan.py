@@ -128,6 +128,9 @@ def test_screening_drops_the_slow_design_and_says_why(tmp_path):
     assert result.stats["screened_out"] == 1 and result.stats["full_length_designs"] == 1
     # the full-length search starts at the slice's answer and tries its neighbour: 4 meets, 3 fails
     assert [(s["name"], s["probes_run"]) for s in result.stats["stages"]][1] == ("full runs", 2)
+    # the slice's count held at full length (no queue either way): a ratio of 1
+    assert result.stats["screening_calibration"] == {"rung": "screening rung 1 (first 100 requests)", "designs": 1,
+                                                     "min": 1.0, "median": 1.0, "max": 1.0}
     assert result.stats["full_runs_saved_estimate"] >= 1
 
 

@@ -84,6 +84,13 @@ def verdict_lines(result: Any) -> list[str]:
         f"about {s['full_runs_saved_estimate']} full-length probes saved by the screening); "
         f"{s['probes_run']} probes run, {s['probes_reused']} reused; {s['wall_s']:.0f} s"
     )
+    cal = s.get("screening_calibration")
+    if cal:
+        out.append(
+            f"screening check: on the {cal['designs']} designs searched at both lengths, the full workload needed "
+            f"{cal['min']:g}-{cal['max']:g}x the instances of {cal['rung']} (median {cal['median']:g}x); "
+            "designs were screened on their cost relative to each other on the slice"
+        )
     return out
 
 

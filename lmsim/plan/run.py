@@ -282,6 +282,7 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
     full_probes = full.probes_run + full.probes_reused
     per_design = full_probes / full_searches if full_searches else 0.0
     stats = {
+        "screening_calibration": _calibration(stages),
         "designs": len(designs),
         "skipped_combinations": len(notes),
         "screened_out": len(screened),
@@ -299,6 +300,26 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
     }
     return PlanResult(plan.objective, rows, winner, tied, per_router, screened, infeasible, notes, stats,
                       stages=stages)  # fmt: skip
+
+
+def _calibration(stages: list[Stage]) -> dict[str, Any] | None:
+    """How the last screening rung's counts compare with the full-length ones on the designs
+    that went through both: the evidence of how far a short slice can be trusted (a workload
+    that is not stationary over its first requests, such as conversations whose later turns
+    carry longer contexts, needs more instances at full length)."""
+    rungs = [s for s in stages if s.name.startswith("screening")]
+    full = next((s for s in stages if s.name == "full runs"), None)
+    if not rungs or full is None:
+        return None
+    ratios = sorted(
+        full.searches[label].answer / rungs[-1].searches[label].answer  # type: ignore[operator]
+        for label in full.searches
+        if full.searches[label].answer and rungs[-1].searches.get(label) and rungs[-1].searches[label].answer
+    )
+    if not ratios:
+        return None
+    return {"rung": rungs[-1].name, "designs": len(ratios), "min": round(ratios[0], 3),
+            "median": round(ratios[len(ratios) // 2], 3), "max": round(ratios[-1], 3)}  # fmt: skip
 
 
 def objective_value_row(row: dict[str, Any], objective: str) -> float:
