@@ -77,7 +77,9 @@ def verdict_lines(result: Any) -> list[str]:
         out.append("infeasible: no design meets the SLO within the GPU budget")
         out.extend(f"  {line}" for line in result.infeasible)
     for router, label in result.per_router.items():
-        out.append(f"cheapest with {router}: {label or 'none feasible (screened out or infeasible)'}")
+        if label is None:
+            label = result.per_router_on_slice.get(router, "none feasible within the budget")
+        out.append(f"cheapest with {router}: {label}")
     out.append(
         f"search: {s['designs']} designs, {s['screened_out']} screened out on short slices, "
         f"{s['full_length_designs']} searched at full length ({s['full_length_probes']} full-length probes; "
@@ -196,7 +198,7 @@ def write_outputs(result: Any, folder: Path) -> None:
     write_text(folder / PLAN_TABLE, table + "\n")
     data = {
         "objective": result.objective, "winner": result.winner, "tied": result.tied,
-        "per_router": result.per_router, "screened": result.screened, "infeasible": result.infeasible,
+        "per_router": result.per_router, "per_router_on_slice": result.per_router_on_slice, "screened": result.screened, "infeasible": result.infeasible,
         "notes": result.notes, "stats": result.stats,
         "rows": [{k: v for k, v in r.items() if k != "closest"} for r in result.rows],
         "pareto": dict(zip(("metric", "points"), pareto_points(result), strict=True)),

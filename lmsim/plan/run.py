@@ -39,6 +39,7 @@ class PlanResult:
     stats: dict[str, Any]
     out: Path | None = None
     winner_experiment: dict[str, Any] | None = None
+    per_router_on_slice: dict[str, str] = field(default_factory=dict)  # routers with no full-length search
     stages: list[Stage] = field(default_factory=list, repr=False)
 
     def row(self, label: str) -> dict[str, Any]:
@@ -273,10 +274,20 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
             r["rank_note"] = ("cheapest" if r["design"] == winner else "tie (within seed noise)" if r["design"] in tied
                               else "finalist")  # fmt: skip
     per_router: dict[str, str | None] = {}
+    on_slice: dict[str, str] = {}
     for router in plan.routers:
         feasible = [r for r in rows if r["router"] == router.name and r["status"] == "feasible"]
         feasible.sort(key=lambda r: (objective_value_row(r, plan.objective), r["design"]))
         per_router[router.name] = feasible[0]["design"] if feasible else None
+        if not feasible:  # every design of this router was screened out: its best on the slice
+            for stage in reversed([st for st in stages if st.name.startswith("screening")]):
+                mine = [s for s in stage.searches.values() if s.design.router.name == router.name and s.answer]
+                if mine:
+                    best = min(mine, key=lambda s: (objective_value(s.design, s.answer, plan.objective), s.design.label))
+                    assert best.answer is not None
+                    on_slice[router.name] = (f"every design screened out; on the slice, {best.design.label} with "
+                                             f"{best.design.gpus(best.answer)} GPUs ({stage.name})")  # fmt: skip
+                    break
     infeasible = [] if winner is not None else _infeasible_lines(rows, bounds)
     full_searches = len(full.searches)
     full_probes = full.probes_run + full.probes_reused
@@ -299,7 +310,7 @@ def _assemble(designs: list[Design], notes: list[str], plan: PlanSection, full: 
         "seed": base.seed,
     }
     return PlanResult(plan.objective, rows, winner, tied, per_router, screened, infeasible, notes, stats,
-                      stages=stages)  # fmt: skip
+                      per_router_on_slice=on_slice, stages=stages)  # fmt: skip
 
 
 def _calibration(stages: list[Stage]) -> dict[str, Any] | None:
