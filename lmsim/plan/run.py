@@ -106,7 +106,8 @@ def run_plan(
         if limit is not None:
             exp.setdefault("workload", {})["limit"] = limit
         exp.setdefault("output", {})["figures"] = False
-        return {"key": probe_key(exp, plan.slo, {**stop_here, "workload": workload}), "raw": exp, "slo": dict(plan.slo), "stop": stop_here,
+        key = probe_key(exp, plan.slo, {**stop_here, "workload": workload})
+        return {"key": key, "raw": exp, "slo": dict(plan.slo), "stop": stop_here,
                 "where": f"{where} [{design.label} x{n}]", "experiment_dir": str(experiment_dir),
                 "plugins": plugins}  # fmt: skip
 
