@@ -241,3 +241,9 @@ def test_count_search_probe_sequence(start, informed, answer, sequence):
         seen.append(n)
         search.record(n, {"met": answer is not None and n >= answer})
     assert (seen, search.answer) == (sequence, answer)
+
+
+def test_running_a_plan_file_as_an_experiment_points_to_lmsim_plan(tmp_path, capsys):
+    path = _plan_file(tmp_path, {"slo": {"ttft_p50_s": 0.6}})
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert f"plan: this is a plan file; run it with `lmsim plan {path}`" in capsys.readouterr().err
