@@ -167,9 +167,9 @@ class EarlyStop:
         return None
 
     def _stop(self, now: float, verdict: str) -> None:
-        import simpy
+        from lmsim.engine.clock import stop_run
 
         self.verdict = verdict
         self.at_s = now
         self.sim.last_activity_s = now
-        raise simpy.core.StopSimulation(None)
+        stop_run()
