@@ -192,7 +192,7 @@ def write_report(
         sweeps = find_sweeps(root)
         plans = find_plans(root) if root.is_dir() else []
         if not sweeps and not plans:
-            raise ReportError(f"{root}: no sweep.parquet, run or plan here or in a subdirectory")
+            raise ReportError(f"{root}: no sweep.parquet or run here or in a subdirectory (nor an lmsim plan)")
         sections = [(str(s.relative_to(root)) if s != root else s.name, [s]) for s in sweeps]
         sections += [(str(p.relative_to(root)) if p != root else p.name, [p]) for p in plans]
         path = Path(out) if out else root / REPORT_FILE
