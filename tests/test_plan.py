@@ -247,3 +247,13 @@ def test_running_a_plan_file_as_an_experiment_points_to_lmsim_plan(tmp_path, cap
     path = _plan_file(tmp_path, {"slo": {"ttft_p50_s": 0.6}})
     assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
     assert f"plan: this is a plan file; run it with `lmsim plan {path}`" in capsys.readouterr().err
+
+
+def test_a_gpu_without_a_price_takes_the_shipped_one(tmp_path, monkeypatch):
+    """With lmsim.shipped.gpu_price_per_hour (the `traffic` helper's price table) a GPU priced
+    nowhere in the plan takes the shipped price: 3 instances x $2.50 = $7.50/h."""
+    import lmsim.shipped
+
+    monkeypatch.setattr(lmsim.shipped, "gpu_price_per_hour", lambda gpu: {"lin": 2.5}[gpu], raising=False)
+    result = run_plan(_plan_file(tmp_path, {"slo": {"ttft_p50_s": 0.6}, "objective": "cost"}), log=None)
+    assert result.row(result.winner)["cost_per_hour"] == pytest.approx(7.5)
