@@ -802,6 +802,8 @@ def _format_validation_error(exc: ValidationError, where: str) -> str:
 def validate(raw: Any, *, where: str) -> ExperimentConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: the experiment must be a YAML mapping")
+    if "plan" in raw:  # a plan file (lmsim.plan) is an experiment plus this section
+        raise ConfigError(f"{where}: plan: this is a plan file; run it with `lmsim plan {where.split(' [')[0]}`")
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lmsim.study import capacity
 from lmsim.study.execute import run_point
@@ -57,6 +58,8 @@ def shipped_capacities_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("shipped_capacities_only")
 @pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(EXPERIMENTS)) for p in YAMLS])
 def test_experiment_validates_and_runs(path: Path, tmp_path: Path) -> None:
+    if "plan" in (yaml.safe_load(path.read_text()) or {}):
+        return _plan_validates_and_its_first_design_runs(path, tmp_path)
     raw, points = load_sweep(path, ["workload.limit=50"])  # validates every point
     trace = (raw.get("workload") or {}).get("trace") or ""
     if trace.startswith("../shared/") and not (Path.cwd() / trace).exists():
@@ -67,3 +70,18 @@ def test_experiment_validates_and_runs(path: Path, tmp_path: Path) -> None:
                             "experiment_dir": str(path.parent), "out": str(tmp_path)})  # fmt: skip
         assert result["ok"], result.get("traceback")
         assert is_complete(tmp_path / p.name)
+
+
+def _plan_validates_and_its_first_design_runs(path: Path, tmp_path: Path) -> None:
+    """A plan file (`lmsim plan`): its plan section and every design check, and the first
+    design runs at its smallest count."""
+    from lmsim.plan.config import check_designs, load_plan
+    from lmsim.plan.design import enumerate_designs
+
+    _base, raw, plan = load_plan(path, ["workload.limit=50"])
+    designs, _notes = enumerate_designs(plan)
+    check_designs(raw, designs, str(path))
+    first = designs[0].experiment(raw, designs[0].min_instances)
+    result = run_point({"name": "plan-first-design", "raw": first, "where": str(path),
+                        "experiment_dir": str(path.parent), "out": str(tmp_path)})  # fmt: skip
+    assert result["ok"], result.get("traceback")

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("lmsim.cli.profile", "step-cost profiles: generate, show, plot, fit"),
     "trace": ("lmsim.cli.trace", "convert, inspect, plot and generate traces"),
     "capacity": ("lmsim.cli.capacity", "find the maximum sustainable arrival rate"),
+    "plan": ("lmsim.cli.plan", "the cheapest fleet (GPUs, shape, router) meeting an SLO"),
     "sweep": ("lmsim.cli.sweep", "run every point of an experiment's sweep: block (resumable)"),
     "plot": ("lmsim.cli.plot", "draw figures from saved run and sweep directories"),
     "report": ("lmsim.cli.report", "write one self-contained report.html from saved results"),

@@ -43,3 +43,10 @@ def schedule_at(
     event._value = None
     heappush(env._queue, (time, priority, next(env._eid), event))
     return event
+
+
+def stop_run() -> None:
+    """End the `env.run()` under way, from inside an event callback: for a periodic check that
+    has seen enough (the planner's early stop, lmsim.plan.slo). The caller records the stop
+    time (`Simulation.last_activity_s`) first."""
+    raise simpy.core.StopSimulation(None)

@@ -29,6 +29,7 @@ from lmsim.outputs import (
     is_signed_report,
     write_text,
 )
+from lmsim.plan.output import find_plans, is_plan_dir, plan_section_html
 from lmsim.study.index import INDEX_FILE, SPEC_FILE
 from lmsim.study.rundir import is_complete
 from lmsim.viz.compare import CI_SUFFIX, SEEDS_COLUMN, compare_table, format_table, seed_groups
@@ -194,9 +195,11 @@ def write_report(
     if len(given) == 1:
         root = given[0]
         sweeps = find_sweeps(root)
-        if not sweeps:
-            raise ReportError(f"{root}: no sweep.parquet or run here or in a subdirectory")
+        plans = find_plans(root) if root.is_dir() else []
+        if not sweeps and not plans:
+            raise ReportError(f"{root}: no sweep.parquet or run here or in a subdirectory (nor an lmsim plan)")
         sections = [(str(s.relative_to(root)) if s != root else s.name, [s]) for s in sweeps]
+        sections += [(str(p.relative_to(root)) if p != root else p.name, [p]) for p in plans]
         path = Path(out) if out else root / REPORT_FILE
     else:
         if out is None:
@@ -208,6 +211,9 @@ def write_report(
     parts = []
     for title, paths in sections:
         try:
+            if is_plan_dir(paths[0]):
+                parts.append(plan_section_html(paths[0], title))
+                continue
             parts.append(_section(paths, title))
         except PlotError as exc:
             if len(sections) == 1:
