@@ -423,3 +423,20 @@ def test_one_run_is_one_run_in_every_message(tmp_path: Path, capsys) -> None:
     assert "sweep tiny: 1 run, 0 already complete" in out and "sweep: 1/1 run complete" in out
     assert "1 run;" in (tmp_path / "s/report.html").read_text()
     assert "1 runs" not in out
+
+
+def test_a_fleet_sweep_indexes_the_fleet_totals(tmp_path: Path) -> None:
+    """A sweep over crash times: each point's summary has a nested `fleet` block; the index
+    carries its scalars as fleet_<name>. Two instances, one crashing at 5 s (restart never):
+    one crash; without the crash (crashes: []) none. Instance-seconds: the crashed
+    instance counts 0 -> 5 s, the other the whole run, so the crash point provisions less."""
+    raw = tiny_experiment(sweep={"faults.crashes": [[{"time_s": 5.0, "instance": 1}], []]})
+    raw["faults"] = {"crashes": []}
+    exp = write_experiment(tmp_path / "exp.yaml", raw)
+    run_sweep(exp, out=tmp_path / "s", progress=False)
+    index = read_index(tmp_path / "s").set_index("run")
+    crashed = index[index["fleet_num_crashes"] == 1]
+    calm = index[index["fleet_num_crashes"] == 0]
+    assert len(crashed) == 1 and len(calm) == 1
+    assert crashed["fleet_gpu_seconds"].iloc[0] < calm["fleet_gpu_seconds"].iloc[0]
+    assert calm["fleet_gpu_seconds"].iloc[0] == pytest.approx(2 * calm["sim_time_s"].iloc[0])

@@ -82,6 +82,10 @@ def build_index(out: Path, points: list[SweepPoint]):
         for k, v in summary.items():
             if k not in row and (v is None or isinstance(v, (bool, int, float, str))):
                 row[k] = v
+        # a changing fleet's totals (the nested block's scalars), as fleet_<name>
+        for k, v in (summary.get("fleet") or {}).items():
+            if isinstance(v, (bool, int, float)):
+                row[f"fleet_{k}"] = v
         rows.append(row)
     frame = pd.DataFrame(rows, columns=None if rows else ["run", *keys])
     for k in keys:
