@@ -30,6 +30,7 @@ def elsewhere(tmp_path, monkeypatch) -> Path:
     ("traces", ["kimi_conversation_sample ", "1,000 requests (kimi_conversation_sample.parquet)"]),
     ("policies", ["lmetric ", "vllm "]),
     ("generators", ["chatbot ", "Multi-turn chat sessions.", "coder "]),
+    ("autoscalers", ["hpa ", "sla_planner ", "schedule ", "params: metric, target, tolerance=0.1"]),
 ])  # fmt: skip
 def test_list_names_what_ships(elsewhere, capsys, what, expected) -> None:
     assert main(["list", what]) == 0

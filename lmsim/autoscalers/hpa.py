@@ -147,6 +147,10 @@ class _PoolState:
 
 @AUTOSCALERS.register("hpa")
 class HorizontalPodAutoscaler(Autoscaler):
+    """Kubernetes' HorizontalPodAutoscaler (autoscaling/v2), one per pool, on one per-replica
+    metric (running, waiting, KV usage or request rate) with a target value, its tolerance,
+    stabilization windows and scale rate limits (the module docstring cites kube's source)."""
+
     def __init__(
         self,
         *,

@@ -506,6 +506,11 @@ def _finite(value: float | None) -> bool:
 
 @AUTOSCALERS.register("sla_planner")
 class SlaPlanner(Autoscaler):
+    """Dynamo 1.6.1's SLA planner: forecasts the next interval's requests, ISL and OSL, sizes
+    each engine's capacity under the TTFT and ITL targets from the pool's step cost model,
+    and asks for ceil(demand / capacity) prefill and decode (or aggregated) replicas within
+    its change cap and GPU budget (the module docstring cites Dynamo's source step by step)."""
+
     def __init__(
         self,
         *,

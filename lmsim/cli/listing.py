@@ -13,7 +13,8 @@ from typing import Any
 
 from lmsim.cli.options import command_help
 
-KINDS = ("experiments", "profiles", "traces", "policies", "generators", "models", "gpus", "prices", "engines")
+KINDS = ("experiments", "profiles", "traces", "policies", "autoscalers", "generators", "models", "gpus", "prices",
+         "engines")
 
 
 def register_cli(subparsers: Any) -> None:
@@ -82,7 +83,7 @@ def _print_entries(entries: list[tuple[str, str]], name_width: int | None = None
 
 def cmd_list(args: argparse.Namespace) -> int:
     {"experiments": _list_experiments, "profiles": _list_profiles, "traces": _list_traces,
-     "policies": _list_policies, "generators": _list_generators, "models": _list_models,
+     "policies": _list_policies, "autoscalers": _list_autoscalers, "generators": _list_generators, "models": _list_models,
      "gpus": _list_gpus, "prices": _list_prices, "engines": _list_engines}[args.what]()  # fmt: skip
     return 0
 
@@ -144,6 +145,23 @@ def _list_policies() -> None:
 
     _print_entries([(name, first_paragraph(own_doc(POLICIES.get(name)) or "(no description)")) for name in POLICIES.names()])
     print("(`lmsim policies` adds their parameters; `lmsim policies NAME` prints one in full)")
+
+
+def _list_autoscalers() -> None:
+    import inspect
+
+    from lmsim.autoscalers import AUTOSCALERS
+
+    width = max(len(name) for name in AUTOSCALERS.names()) + 2
+    for name in AUTOSCALERS.names():
+        cls = AUTOSCALERS.get(name)
+        _print_entries([(name, first_paragraph(own_doc(cls) or "(no description)"))], width)
+        params = AUTOSCALERS.parameters(name)
+        shown = ", ".join(
+            f"{key}={q.default!r}" if q.default is not inspect.Parameter.empty else key for key, q in params.items()
+        )
+        print(f"{' ' * width}params: {shown or '(none)'}")
+    print("(`autoscaler: {name: NAME, interval_s: ..., params: {...}}` with a `fleet:` section)")
 
 
 def _list_generators() -> None:
