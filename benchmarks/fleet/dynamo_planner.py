@@ -68,17 +68,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # this checkout's lmsim
 
 from peer_harness import DEFAULT_PEER, cell, peer_available, run_in_peer
-from peer_stubs import STUB_SOURCE
+from peer_stubs import POLYNOMIAL_PERF_MODEL_SOURCE, STUB_SOURCE
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CHECKOUT = Path(__file__).resolve().parents[2]
 DEFAULT_SEGMENTS = "0:2,300:6,600:12,900:20,1200:10,1500:3"
 ROLES = ("prefill", "decode", "agg")
 
 # Runs inside the peer interpreter; prints one JSON line (the file `out` holds the details).
-DYNAMO_CHILD = STUB_SOURCE + r'''
+DYNAMO_CHILD = STUB_SOURCE + POLYNOMIAL_PERF_MODEL_SOURCE + r'''
 import json, sys, time
 from dynamo.replay import run_trace_replay
 a = json.loads(sys.argv[1])
+if a["perf_model"] == "polynomial":
+    use_polynomial_perf_model(a["checkout"], a["num_blocks"] * a["block_size"])
 engine = {"num_gpu_blocks": a["num_blocks"], "block_size": a["block_size"], "max_num_batched_tokens": a["max_batched"],
           "max_num_seqs": a["max_seqs"], "max_model_len": a["max_model_len"], "enable_prefix_caching": True,
           "enable_chunked_prefill": True}
@@ -113,7 +116,8 @@ if planner is not None:
                          for state in ("active", "starting", "draining")},
                       "target_prefill": t["runtime_decision"]["target_prefill"],
                       "target_decode": t["runtime_decision"]["target_decode"],
-                      "predicted_num_req": diag.get("predicted_num_req")})
+                      "predicted_num_req": diag.get("predicted_num_req"),
+                      "input": t.get("input"), "diagnostics": diag})
 per_request = [{"arrival_ms": r.get("arrival_time_ms"), "ttft_ms": r.get("ttft_ms"), "itl_ms": r.get("itl_ms"),
                 "output_length": r.get("output_length"), "status": r.get("terminal_status")}
                for r in (report.per_request or [])]
@@ -216,7 +220,7 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
          "num_blocks": args.num_blocks, "block_size": 16, "max_batched": args.max_batched,
          "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "startup_s": args.startup_s,
          "bandwidth_gb_s": args.bandwidth_gb_s, "bytes_per_token": args.bytes_per_token, "planner": planner_config(case, args),
-         "out": str(tmp / f"{case}.json")}
+         "out": str(tmp / f"{case}.json"), "perf_model": args.dynamo_perf_model, "checkout": str(CHECKOUT)}
     if case.startswith("fixed"):
         a["prefill"], a["decode"] = args.fixed_prefill, args.fixed_decode
     if mode == "agg":
@@ -239,7 +243,7 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
         "itl_ms_mean": s.get("mean_itl_ms"), "itl_ms_p90": s.get("p90_itl_ms"),
         "slo_ttft": slo["ttft"], "slo_itl": slo["itl"], "slo_both": slo["both"],
         "scale_events": len(events), "decision_reasons": got["reasons"], "bootstrap": got["bootstrap"],
-        "aisimulate_stubbed": answer.get("stubbed"),
+        "aisimulate_stubbed": answer.get("stubbed"), "perf_model": args.dynamo_perf_model,
         "replay_wall_s": got["wall_s"], "process_wall_s": outer,
     }
     trajectory = [{"side": "dynamo", "case": case, **t} for t in got["ticks"]]
@@ -487,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictor", default="kalman", choices=("constant", "kalman"),
                    help="load predictor of the SLA planner on both sides (lmsim's sla_planner has these two; "
                    "Dynamo's default is arima)")
+    p.add_argument("--dynamo-perf-model", default="polynomial", choices=("polynomial", "aisimulate"),
+                   help="the SLA planner's forward-pass model: polynomial (AISimulate's native model replaced by "
+                   "the mocker's step model, benchmarks/peer_stubs.py) or aisimulate (as shipped; without the "
+                   "wheel every throughput decision is model_not_ready)")
     p.add_argument("--gpu-budget", type=int, default=16)
     p.add_argument("--startup-s", type=float, default=60.0, help="worker start-up (model load) time, s")
     p.add_argument("--prefill", type=int, default=1, help="initial prefill workers of planner cases")
@@ -529,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput_interval_s": args.throughput_interval_s, "predictor": args.predictor,
                 "gpu_budget": args.gpu_budget, "num_blocks": args.num_blocks, "max_batched": args.max_batched,
                 "max_seqs": args.max_seqs, "max_model_len": args.max_model_len,
-                "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin"}
+                "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin",
+                "dynamo_perf_model": args.dynamo_perf_model}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
         rows, trajectory = [], []
