@@ -157,6 +157,9 @@ def make_trace(path: Path, segments: list[tuple[float, float]], end_s: float, se
         count = rng.poisson(rate * (stop - start))
         arrivals.append(np.sort(rng.uniform(start, stop, count)))
     times = np.concatenate(arrivals)
+    # Dynamo's replay counts time from the first arrival, lmsim from the trace's zero: the
+    # trace starts at 0 so the planners' intervals cover the same requests
+    times = times - times[0] if len(times) else times
     n = len(times)
     weights = 1.0 / np.arange(1, 9) ** 1.1
     prompts = rng.choice(8, size=n, p=weights / weights.sum())
@@ -349,7 +352,7 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
             "name": "sla_planner", "interval_s": float(args.throughput_interval_s), "metrics_delay_s": 0.0,
             "params": {"mode": mode, "ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms,
                        "load_predictor": args.predictor, "max_gpu_budget": args.gpu_budget,
-                       "min_endpoint": 1},
+                       "min_endpoint": 1, "isl_from": args.isl_from},
         }
         config["cost"] = {"window_s": 60.0}
     return config
@@ -495,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the SLA planner's forward-pass model: polynomial (AISimulate's native model replaced by "
                    "the mocker's step model, benchmarks/peer_stubs.py) or aisimulate (as shipped; without the "
                    "wheel every throughput decision is model_not_ready)")
+    p.add_argument("--isl-from", default="finished", choices=("finished", "routed"),
+                   help="lmsim sla_planner's ISL window: the requests finished in it (as Dynamo's offline replay "
+                   "averages it) or those routed in it (sla_planner's default)")
     p.add_argument("--gpu-budget", type=int, default=16)
     p.add_argument("--startup-s", type=float, default=60.0, help="worker start-up (model load) time, s")
     p.add_argument("--prefill", type=int, default=1, help="initial prefill workers of planner cases")
@@ -538,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gpu_budget": args.gpu_budget, "num_blocks": args.num_blocks, "max_batched": args.max_batched,
                 "max_seqs": args.max_seqs, "max_model_len": args.max_model_len,
                 "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin",
-                "dynamo_perf_model": args.dynamo_perf_model}
+                "dynamo_perf_model": args.dynamo_perf_model, "lmsim_isl_from": args.isl_from}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
         rows, trajectory = [], []
