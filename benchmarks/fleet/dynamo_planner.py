@@ -117,7 +117,7 @@ if planner is not None:
                       "target_prefill": t["runtime_decision"]["target_prefill"],
                       "target_decode": t["runtime_decision"]["target_decode"],
                       "predicted_num_req": diag.get("predicted_num_req"),
-                      "input": t.get("input"), "diagnostics": diag})
+                      "traffic": (t.get("input") or {}).get("traffic"), "diagnostics": diag})
 per_request = [{"arrival_ms": r.get("arrival_time_ms"), "ttft_ms": r.get("ttft_ms"), "itl_ms": r.get("itl_ms"),
                 "output_length": r.get("output_length"), "status": r.get("terminal_status")}
                for r in (report.per_request or [])]
@@ -250,6 +250,7 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
         "replay_wall_s": got["wall_s"], "process_wall_s": outer,
     }
     trajectory = [{"side": "dynamo", "case": case, **t} for t in got["ticks"]]
+    decisions = [dynamo_decision(case, t) for t in got["ticks"] if t.get("traffic")]
     if not trajectory:  # a fixed fleet: its two ends
         end = (s.get("duration_ms") or 0) / 1000.0
         n_p = 0 if mode == "agg" else a["prefill"]
@@ -258,7 +259,45 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
                       for t in (0.0, end)]
     row["events"] = [{"at_s": e["at_s"], "role": e["component"], "from": e["from_count"], "to": e["to_count"]}
                      for e in events]
-    return {"row": row, "trajectory": trajectory}
+    return {"row": row, "trajectory": trajectory, "decisions": decisions}
+
+
+DECISION_KEYS = ["side", "case", "time_s", "observed_num_req", "observed_isl", "observed_osl", "predicted_num_req",
+                 "predicted_isl", "predicted_osl", "engine_rps_prefill", "engine_rps_decode", "target_prefill",
+                 "target_decode", "reason"]
+
+
+def dynamo_decision(case: str, tick: dict) -> dict:
+    """One throughput tick of Dynamo's planner: the traffic window it was handed, the
+    forecast, the per-engine capacity and the targets when it scaled (diagnostics of the
+    report's tick; aggregated: engine_rps_decode and target_decode are the workers')."""
+    diag, traffic = tick["diagnostics"], tick["traffic"]
+    scaled = diag.get("throughput_decision_reason") == "scale"
+    return {"side": "dynamo", "case": case, "time_s": tick["time_s"], "observed_num_req": traffic.get("num_req"),
+            "observed_isl": traffic.get("isl"), "observed_osl": traffic.get("osl"),
+            **{k: diag.get(k) for k in ("predicted_num_req", "predicted_isl", "predicted_osl",
+                                        "engine_rps_prefill", "engine_rps_decode")},
+            "target_prefill": (0 if case.endswith("-agg") else tick["target_prefill"]) if scaled else None,
+            "target_decode": tick["target_decode"] if scaled else None,
+            "reason": diag.get("throughput_decision_reason")}
+
+
+def lmsim_decisions(case: str, events) -> list[dict]:
+    """lmsim sla_planner's decisions (its `sla_planner` router events) in dynamo_decision's
+    columns; a target only when it scaled."""
+    rows = []
+    agg = case.endswith("-agg")
+    for event in events[events.kind == "sla_planner"].to_dict(orient="records"):
+        e = {k: (None if v != v else v) for k, v in event.items()}  # NaN: not recorded at this tick
+        num = e.get
+        target_d = num("target_default") if agg else num("target_decode")
+        rows.append({"side": "lmsim", "case": case, "time_s": e["time_s"],
+                     **{k: num(k) for k in ("predicted_num_req", "predicted_isl", "predicted_osl")},
+                     "engine_rps_prefill": num("engine_rps") if agg else num("prefill_engine_rps"),
+                     "engine_rps_decode": num("engine_rps") if agg else num("decode_engine_rps"),
+                     "target_prefill": (0 if target_d is not None else None) if agg else num("target_prefill"),
+                     "target_decode": target_d, "reason": "scale" if target_d is not None else "no_change"})
+    return rows
 
 
 # ---------------------------------------------------------------- the lmsim half
@@ -407,7 +446,8 @@ def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path,
                     "slo_ttft": float(slo["ttft"]), "slo_itl": float(slo["itl"]), "slo_both": float(slo["both"]),
                     "scale_events": None if not isinstance(events, pd.DataFrame) else int((events.event == "scale").sum()),
                     "run_wall_s": wall},
-            "trajectory": trajectory}
+            "trajectory": trajectory,
+            "decisions": lmsim_decisions(label, results.router_events) if schedule is None and case.startswith("sla") else []}
 
 
 def trajectory_from_events(events, case: str) -> list[dict]:
@@ -435,8 +475,14 @@ def trajectory_from_events(events, case: str) -> list[dict]:
 # ---------------------------------------------------------------- output
 
 
-def save(rows: list[dict], trajectory: list[dict], prefix: str, meta: dict) -> None:
+def save(rows: list[dict], trajectory: list[dict], prefix: str, meta: dict, decisions: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if decisions:  # the SLA planner's throughput ticks: what it saw, forecast, sized and decided
+        with open(RESULTS / f"{prefix}_decisions.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=DECISION_KEYS, extrasaction="ignore")
+            w.writeheader()
+            for d in decisions:
+                w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()})
     (RESULTS / f"{prefix}_summary.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1, default=str) + "\n")
     if trajectory:
         keys = ["side", "case", "time_s"] + [f"{r}_{s}" for r in ("prefill", "decode")
@@ -547,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dynamo_perf_model": args.dynamo_perf_model, "lmsim_isl_from": args.isl_from}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
-        rows, trajectory = [], []
+        rows, trajectory, decisions = [], [], []
         if args.no_dynamo:
             print("Dynamo half skipped (--no-dynamo)")
         elif not peer_available(args.peer_python):
@@ -558,13 +604,14 @@ def main(argv: list[str] | None = None) -> int:
                 if "row" in got:
                     rows.append(got["row"])
                     trajectory += got["trajectory"]
+                    decisions += got["decisions"]
                 else:
                     rows.append({"side": "dynamo", **got})
                 print(f"  dynamo {case}: {rows[-1].get('error') or 'done'} "
                       f"({rows[-1].get('process_wall_s', rows[-1].get('wall_s', 0)):.1f} s wall)", flush=True)
             if not args.no_save:
-                save(rows, trajectory, "dynamo_planner", meta)
-        lm_rows, lm_traj = [], []
+                save(rows, trajectory, "dynamo_planner", meta, decisions)
+        lm_rows, lm_traj, lm_decisions = [], [], []
         why = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing()
         if why:
             print(f"lmsim planner cases not run: {why}" + ("" if args.no_lmsim else "; fixed-fleet cases only"))
@@ -582,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             lm_rows.append(got["row"])
             lm_traj += got["trajectory"]
+            lm_decisions += got["decisions"]
             print(f"  lmsim {case}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
         # Dynamo's own trajectories replayed through lmsim's fleet (the `schedule` scaler)
         why_schedule = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing("schedule")
@@ -603,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             lm_traj += got["trajectory"]
             print(f"  lmsim dynamo-fleet:{row['case']}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
         if lm_rows and not args.no_save:
-            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why, "lmsim_missing_schedule": why_schedule})
+            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why, "lmsim_missing_schedule": why_schedule},
+                 lm_decisions)
     print_table(rows + lm_rows, trajectory + lm_traj)
     return 0
 
