@@ -30,10 +30,14 @@ does is in docs/explanation/dynamo-planner.md):
 * `sla-disagg` / `sla-agg`: `optimization_target: sla` (TTFT/ITL targets, throughput scaling
   every `--throughput-interval-s` with the `--predictor` load predictor, Kalman by default:
   lmsim's `sla_planner` has the constant and Kalman ones, not Dynamo's default ARIMA). It
-  is the case lmsim's `sla_planner` runs against. It needs AISimulate's perf
-  model, which cannot be installed here (benchmarks/peer_stubs.py): its throughput
-  decisions report `model_not_ready` and the fleet stays at its initial size. Kept so the
-  run says so rather than silently dropping the case;
+  is the case lmsim's `sla_planner` runs against (with `isl_from: --isl-from`, `finished`
+  by default: Dynamo's replay averages a window's ISL over the requests completed in it).
+  Its performance model needs AISimulate, which cannot be installed here: as shipped
+  (`--dynamo-perf-model aisimulate`) every throughput decision is `model_not_ready` and the
+  fleet stays at its initial size; with `--dynamo-perf-model polynomial` (default) the one
+  native piece, the forward-pass time estimate, is the mocker's polynomial step model
+  (benchmarks/peer_stubs.py says exactly what is replaced) and the rest of the planner runs
+  as shipped;
 * `load-disagg` / `load-agg`: `optimization_target: load`, Dynamo's FPM-driven load scaling
   every `--load-interval-s`: prefill scales up when a worker's queued prefill tokens reach
   `--prefill-up-tokens`, down when all are at or below `--prefill-down-tokens`; decode (and
@@ -50,7 +54,8 @@ SLO attainment against the TTFT/ITL targets, latency means and p90s, scale event
 time of the Dynamo call), `dynamo_planner_trajectory.csv` (per planner tick: the active,
 starting and draining workers per role) and the same for the lmsim half when lmsim has a
 fleet and the `sla_planner` autoscaler (`lmsim_planner_*`; otherwise the script says that
-lmsim lacks them and saves the Dynamo half only).
+lmsim lacks them and saves the Dynamo half only); `*_planner_decisions.csv`: every throughput
+tick of the SLA planners (observed window, forecast, per-engine capacity, targets).
 """
 
 from __future__ import annotations
