@@ -49,6 +49,9 @@ class PoolObservation:
     mean_output_tokens: float
     ttft_mean_s: float | None  # of requests whose first token came in the interval
     itl_mean_s: float | None
+    # prompt tokens of the requests that finished in the interval (Dynamo's offline replay
+    # averages its window's ISL over those: see autoscalers/sla_planner.py, isl_from)
+    mean_finished_input_tokens: float = float("nan")
 
 
 @dataclass(frozen=True)

@@ -464,6 +464,36 @@ def test_sla_planner_disagg_replicas_by_hand():
     assert planner.decide(pd_observation(prefill_active=4, decode_active=5)) == {}
 
 
+def test_sla_planner_isl_from_finished_requests():
+    """Routed requests averaged 1000 prompt tokens in the interval, the requests that finished
+    in it (in the decode pool) 2000. `isl_from: routed` forecasts ISL 1000, `finished` 2000
+    (Dynamo's offline replay's window: ISL over completed requests); the request count stays
+    the routed 1800 either way (demand 30 req/s)."""
+    obs = pd_observation(prefill_active=2, decode_active=2)
+    decode = dataclasses.replace(obs.pools["decode"], mean_finished_input_tokens=2000.0)
+    obs = dataclasses.replace(obs, pools={**obs.pools, "decode": decode})
+    for isl_from, isl in (("routed", 1000.0), ("finished", 2000.0)):
+        planner = disagg_planner(isl_from=isl_from)
+        planner.decide(obs)
+        event = planner.ctx.events[0]
+        assert (event["predicted_isl"], event["demand_rps"]) == (isl, 30.0)
+
+
+def test_fleet_traffic_window_averages_finished_prompts():
+    """Requests routed at 1 s (prompt 100) and 2 s (300); two finish in (0, 10]: at 5 s
+    (prompt 500, 4 output tokens, ITL 0.1) and 8 s (prompt 1500, 2 tokens, ITL 0.3), one at
+    12 s outside. Window (0, 10]: 2 routed of mean ISL 200, mean OSL 3, mean ITL 0.2, mean
+    prompt of the finished (500 + 1500) / 2 = 1000."""
+    from lmsim.engine.fleet import _Traffic
+
+    t = _Traffic()
+    t.routed.extend([(1.0, 100), (2.0, 300)])
+    t.finished.extend([(5.0, 4, 0.1, 500), (8.0, 2, 0.3, 1500), (12.0, 9, 0.5, 7000)])
+    num, isl, osl, ttft, itl, finished_isl = t.window(0.0, 10.0)
+    assert (num, isl, osl, ttft, finished_isl) == (2, 200.0, 3.0, None, 1000.0)
+    assert itl == pytest.approx(0.2)
+
+
 def test_sla_planner_caps_change_per_decision_and_keeps_the_floor():
     """From 1 + 1 the cap of 2 per decision allows 3 + 3; with no traffic yet (ISL unknown)
     the model cannot size the tick and holds the ready counts, raised to min_endpoint 2."""
@@ -564,6 +594,7 @@ def test_sla_planner_kalman_forecasts_the_ramp():
         ),
         ({"max_gpu_budget": -2}, "param 'max_gpu_budget' must be >= -1"),
         ({"correction_factors": "yes"}, "param 'correction_factors' must be true or false"),
+        ({"isl_from": "arrived"}, "param 'isl_from' must be one of finished\\|routed"),
     ],
 )
 def test_sla_planner_bad_params(params, message):

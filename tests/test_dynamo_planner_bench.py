@@ -39,7 +39,8 @@ def _args(**over) -> argparse.Namespace:
     base = {"num_blocks": 17_500, "max_batched": 8192, "max_seqs": 256, "max_model_len": 16_384,
             "fixed_prefill": 1, "fixed_decode": 4, "fixed_agg": 4, "prefill": 1, "decode": 1, "gpu_budget": 16,
             "startup_s": 60.0, "ttft_ms": 500.0, "itl_ms": 25.0, "throughput_interval_s": 60, "load_interval_s": 10,
-            "predictor": "kalman", "bandwidth_gb_s": 50.0, "bytes_per_token": 98_304}
+            "predictor": "kalman", "bandwidth_gb_s": 50.0, "bytes_per_token": 98_304, "isl_from": "finished",
+            "dynamo_perf_model": "polynomial"}
     return argparse.Namespace(**{**base, **over})
 
 
@@ -129,3 +130,48 @@ def test_replay_optimize_script_imports_without_dynamo() -> None:
     module = _load(BENCH / "plan", "dynamo_replay_optimize")
     assert module.dynamo_answer(peer_python="/nonexistent/python") == {
         "error": "Dynamo not importable with /nonexistent/python"}
+
+
+def test_polynomial_perf_model_prices_forward_passes_by_hand(planner, monkeypatch) -> None:
+    """The stand-in for AISimulate's RustForwardPassPerfModel (peer_stubs.py) on a worker of
+    280,000 KV tokens, each pass given as ForwardPassMetrics:
+    * prefill worker, 4,096 new tokens: 4.209989e-7 x 4096^2 + 1.518344e-2 x 4096 + 16.50142
+      = 85.756 ms (the mocker's figure; no decode part on a prefill worker);
+    * decode worker, one sequence of 4,096 KV tokens: u = 4096 / 280000, -25.74 u^2 + 54.01 u
+      + 5.74 = 6.525 ms;
+    * aggregated, 1,000 prefill tokens beside 10 decodes of 20,000 KV tokens: prefill 32.106 ms
+      plus decode at u = 21,000 / 280,000 = 0.075, 9.646 ms: 41.752 ms.
+    It replaces engine_query's AISForwardPassPerfModel, is ready at once and tuning only counts."""
+    import types
+
+    from peer_stubs import POLYNOMIAL_PERF_MODEL_SOURCE
+
+    names = ["dynamo", "dynamo.planner", "dynamo.planner.core", "dynamo.planner.core.perf_model",
+             "dynamo.planner.core.perf_model.engine_query"]
+    modules = [types.ModuleType(n) for n in names]
+    for parent, child, name in zip(modules, modules[1:], names[1:]):
+        setattr(parent, name.rsplit(".", 1)[1], child)
+    for name, module in zip(names, modules):
+        monkeypatch.setitem(sys.modules, name, module)
+    scope: dict = {}
+    exec(POLYNOMIAL_PERF_MODEL_SOURCE, scope)
+    model_class = scope["use_polynomial_perf_model"](str(BENCH.parent), 280_000)
+    assert modules[-1].AISForwardPassPerfModel is model_class
+
+    def fpm(**scheduled):
+        keys = ("num_prefill_requests", "sum_prefill_tokens", "sum_prefill_kv_tokens", "num_decode_requests",
+                "sum_decode_kv_tokens")
+        return {"scheduled_requests": {k: scheduled.get(k, 0) for k in keys}}
+
+    prefill = model_class.best_available({"worker_type": "prefill"})
+    decode = model_class.best_available({"worker_type": "decode"})
+    agg = model_class.best_available({"worker_type": "aggregated"})
+    assert prefill.estimate_forward_pass_time_ms([fpm(num_prefill_requests=1, sum_prefill_tokens=4096)]) == \
+        pytest.approx(85.756, abs=5e-4)
+    assert decode.estimate_forward_pass_time_ms([fpm(num_decode_requests=1, sum_decode_kv_tokens=4096)]) == \
+        pytest.approx(6.525, abs=5e-4)
+    assert agg.estimate_forward_pass_time_ms([fpm(num_prefill_requests=1, sum_prefill_tokens=1000,
+                                                  num_decode_requests=10, sum_decode_kv_tokens=20_000)]) == \
+        pytest.approx(41.7518, abs=5e-4)
+    agg.tune_with_fpms([[fpm()], [fpm()]])
+    assert agg.diagnostics()["readiness"] == "ready" and agg.diagnostics()["retained_observations"] == 2

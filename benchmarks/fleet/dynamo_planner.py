@@ -30,10 +30,14 @@ does is in docs/explanation/dynamo-planner.md):
 * `sla-disagg` / `sla-agg`: `optimization_target: sla` (TTFT/ITL targets, throughput scaling
   every `--throughput-interval-s` with the `--predictor` load predictor, Kalman by default:
   lmsim's `sla_planner` has the constant and Kalman ones, not Dynamo's default ARIMA). It
-  is the case lmsim's `sla_planner` runs against. It needs AISimulate's perf
-  model, which cannot be installed here (benchmarks/peer_stubs.py): its throughput
-  decisions report `model_not_ready` and the fleet stays at its initial size. Kept so the
-  run says so rather than silently dropping the case;
+  is the case lmsim's `sla_planner` runs against (with `isl_from: --isl-from`, `finished`
+  by default: Dynamo's replay averages a window's ISL over the requests completed in it).
+  Its performance model needs AISimulate, which cannot be installed here: as shipped
+  (`--dynamo-perf-model aisimulate`) every throughput decision is `model_not_ready` and the
+  fleet stays at its initial size; with `--dynamo-perf-model polynomial` (default) the one
+  native piece, the forward-pass time estimate, is the mocker's polynomial step model
+  (benchmarks/peer_stubs.py says exactly what is replaced) and the rest of the planner runs
+  as shipped;
 * `load-disagg` / `load-agg`: `optimization_target: load`, Dynamo's FPM-driven load scaling
   every `--load-interval-s`: prefill scales up when a worker's queued prefill tokens reach
   `--prefill-up-tokens`, down when all are at or below `--prefill-down-tokens`; decode (and
@@ -50,7 +54,8 @@ SLO attainment against the TTFT/ITL targets, latency means and p90s, scale event
 time of the Dynamo call), `dynamo_planner_trajectory.csv` (per planner tick: the active,
 starting and draining workers per role) and the same for the lmsim half when lmsim has a
 fleet and the `sla_planner` autoscaler (`lmsim_planner_*`; otherwise the script says that
-lmsim lacks them and saves the Dynamo half only).
+lmsim lacks them and saves the Dynamo half only); `*_planner_decisions.csv`: every throughput
+tick of the SLA planners (observed window, forecast, per-engine capacity, targets).
 """
 
 from __future__ import annotations
@@ -68,17 +73,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # this checkout's lmsim
 
 from peer_harness import DEFAULT_PEER, cell, peer_available, run_in_peer
-from peer_stubs import STUB_SOURCE
+from peer_stubs import POLYNOMIAL_PERF_MODEL_SOURCE, STUB_SOURCE
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CHECKOUT = Path(__file__).resolve().parents[2]
 DEFAULT_SEGMENTS = "0:2,300:6,600:12,900:20,1200:10,1500:3"
 ROLES = ("prefill", "decode", "agg")
 
 # Runs inside the peer interpreter; prints one JSON line (the file `out` holds the details).
-DYNAMO_CHILD = STUB_SOURCE + r'''
+DYNAMO_CHILD = STUB_SOURCE + POLYNOMIAL_PERF_MODEL_SOURCE + r'''
 import json, sys, time
 from dynamo.replay import run_trace_replay
 a = json.loads(sys.argv[1])
+if a["perf_model"] == "polynomial":
+    use_polynomial_perf_model(a["checkout"], a["num_blocks"] * a["block_size"])
 engine = {"num_gpu_blocks": a["num_blocks"], "block_size": a["block_size"], "max_num_batched_tokens": a["max_batched"],
           "max_num_seqs": a["max_seqs"], "max_model_len": a["max_model_len"], "enable_prefix_caching": True,
           "enable_chunked_prefill": True}
@@ -113,7 +121,8 @@ if planner is not None:
                          for state in ("active", "starting", "draining")},
                       "target_prefill": t["runtime_decision"]["target_prefill"],
                       "target_decode": t["runtime_decision"]["target_decode"],
-                      "predicted_num_req": diag.get("predicted_num_req")})
+                      "predicted_num_req": diag.get("predicted_num_req"),
+                      "traffic": (t.get("input") or {}).get("traffic"), "diagnostics": diag})
 per_request = [{"arrival_ms": r.get("arrival_time_ms"), "ttft_ms": r.get("ttft_ms"), "itl_ms": r.get("itl_ms"),
                 "output_length": r.get("output_length"), "status": r.get("terminal_status")}
                for r in (report.per_request or [])]
@@ -153,6 +162,9 @@ def make_trace(path: Path, segments: list[tuple[float, float]], end_s: float, se
         count = rng.poisson(rate * (stop - start))
         arrivals.append(np.sort(rng.uniform(start, stop, count)))
     times = np.concatenate(arrivals)
+    # Dynamo's replay counts time from the first arrival, lmsim from the trace's zero: the
+    # trace starts at 0 so the planners' intervals cover the same requests
+    times = times - times[0] if len(times) else times
     n = len(times)
     weights = 1.0 / np.arange(1, 9) ** 1.1
     prompts = rng.choice(8, size=n, p=weights / weights.sum())
@@ -216,7 +228,7 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
          "num_blocks": args.num_blocks, "block_size": 16, "max_batched": args.max_batched,
          "max_seqs": args.max_seqs, "max_model_len": args.max_model_len, "startup_s": args.startup_s,
          "bandwidth_gb_s": args.bandwidth_gb_s, "bytes_per_token": args.bytes_per_token, "planner": planner_config(case, args),
-         "out": str(tmp / f"{case}.json")}
+         "out": str(tmp / f"{case}.json"), "perf_model": args.dynamo_perf_model, "checkout": str(CHECKOUT)}
     if case.startswith("fixed"):
         a["prefill"], a["decode"] = args.fixed_prefill, args.fixed_decode
     if mode == "agg":
@@ -239,10 +251,11 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
         "itl_ms_mean": s.get("mean_itl_ms"), "itl_ms_p90": s.get("p90_itl_ms"),
         "slo_ttft": slo["ttft"], "slo_itl": slo["itl"], "slo_both": slo["both"],
         "scale_events": len(events), "decision_reasons": got["reasons"], "bootstrap": got["bootstrap"],
-        "aisimulate_stubbed": answer.get("stubbed"),
+        "aisimulate_stubbed": answer.get("stubbed"), "perf_model": args.dynamo_perf_model,
         "replay_wall_s": got["wall_s"], "process_wall_s": outer,
     }
     trajectory = [{"side": "dynamo", "case": case, **t} for t in got["ticks"]]
+    decisions = [dynamo_decision(case, t) for t in got["ticks"] if t.get("traffic")]
     if not trajectory:  # a fixed fleet: its two ends
         end = (s.get("duration_ms") or 0) / 1000.0
         n_p = 0 if mode == "agg" else a["prefill"]
@@ -251,7 +264,45 @@ def dynamo_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path) -> 
                       for t in (0.0, end)]
     row["events"] = [{"at_s": e["at_s"], "role": e["component"], "from": e["from_count"], "to": e["to_count"]}
                      for e in events]
-    return {"row": row, "trajectory": trajectory}
+    return {"row": row, "trajectory": trajectory, "decisions": decisions}
+
+
+DECISION_KEYS = ["side", "case", "time_s", "observed_num_req", "observed_isl", "observed_osl", "predicted_num_req",
+                 "predicted_isl", "predicted_osl", "engine_rps_prefill", "engine_rps_decode", "target_prefill",
+                 "target_decode", "reason"]
+
+
+def dynamo_decision(case: str, tick: dict) -> dict:
+    """One throughput tick of Dynamo's planner: the traffic window it was handed, the
+    forecast, the per-engine capacity and the targets when it scaled (diagnostics of the
+    report's tick; aggregated: engine_rps_decode and target_decode are the workers')."""
+    diag, traffic = tick["diagnostics"], tick["traffic"]
+    scaled = diag.get("throughput_decision_reason") == "scale"
+    return {"side": "dynamo", "case": case, "time_s": tick["time_s"], "observed_num_req": traffic.get("num_req"),
+            "observed_isl": traffic.get("isl"), "observed_osl": traffic.get("osl"),
+            **{k: diag.get(k) for k in ("predicted_num_req", "predicted_isl", "predicted_osl",
+                                        "engine_rps_prefill", "engine_rps_decode")},
+            "target_prefill": (0 if case.endswith("-agg") else tick["target_prefill"]) if scaled else None,
+            "target_decode": tick["target_decode"] if scaled else None,
+            "reason": diag.get("throughput_decision_reason")}
+
+
+def lmsim_decisions(case: str, events) -> list[dict]:
+    """lmsim sla_planner's decisions (its `sla_planner` router events) in dynamo_decision's
+    columns; a target only when it scaled."""
+    rows = []
+    agg = case.endswith("-agg")
+    for event in events[events.kind == "sla_planner"].to_dict(orient="records"):
+        e = {k: (None if v != v else v) for k, v in event.items()}  # NaN: not recorded at this tick
+        num = e.get
+        target_d = num("target_default") if agg else num("target_decode")
+        rows.append({"side": "lmsim", "case": case, "time_s": e["time_s"],
+                     **{k: num(k) for k in ("predicted_num_req", "predicted_isl", "predicted_osl")},
+                     "engine_rps_prefill": num("engine_rps") if agg else num("prefill_engine_rps"),
+                     "engine_rps_decode": num("engine_rps") if agg else num("decode_engine_rps"),
+                     "target_prefill": (0 if target_d is not None else None) if agg else num("target_prefill"),
+                     "target_decode": target_d, "reason": "scale" if target_d is not None else "no_change"})
+    return rows
 
 
 # ---------------------------------------------------------------- the lmsim half
@@ -345,7 +396,7 @@ def lmsim_config(case: str, args: argparse.Namespace, trace: Path, out_dir: Path
             "name": "sla_planner", "interval_s": float(args.throughput_interval_s), "metrics_delay_s": 0.0,
             "params": {"mode": mode, "ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms,
                        "load_predictor": args.predictor, "max_gpu_budget": args.gpu_budget,
-                       "min_endpoint": 1},
+                       "min_endpoint": 1, "isl_from": args.isl_from},
         }
         config["cost"] = {"window_s": 60.0}
     return config
@@ -400,7 +451,8 @@ def lmsim_case(case: str, args: argparse.Namespace, trace: Path, tmp: Path,
                     "slo_ttft": float(slo["ttft"]), "slo_itl": float(slo["itl"]), "slo_both": float(slo["both"]),
                     "scale_events": None if not isinstance(events, pd.DataFrame) else int((events.event == "scale").sum()),
                     "run_wall_s": wall},
-            "trajectory": trajectory}
+            "trajectory": trajectory,
+            "decisions": lmsim_decisions(label, results.router_events) if schedule is None and case.startswith("sla") else []}
 
 
 def trajectory_from_events(events, case: str) -> list[dict]:
@@ -428,8 +480,14 @@ def trajectory_from_events(events, case: str) -> list[dict]:
 # ---------------------------------------------------------------- output
 
 
-def save(rows: list[dict], trajectory: list[dict], prefix: str, meta: dict) -> None:
+def save(rows: list[dict], trajectory: list[dict], prefix: str, meta: dict, decisions: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if decisions:  # the SLA planner's throughput ticks: what it saw, forecast, sized and decided
+        with open(RESULTS / f"{prefix}_decisions.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=DECISION_KEYS, extrasaction="ignore")
+            w.writeheader()
+            for d in decisions:
+                w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()})
     (RESULTS / f"{prefix}_summary.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1, default=str) + "\n")
     if trajectory:
         keys = ["side", "case", "time_s"] + [f"{r}_{s}" for r in ("prefill", "decode")
@@ -487,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictor", default="kalman", choices=("constant", "kalman"),
                    help="load predictor of the SLA planner on both sides (lmsim's sla_planner has these two; "
                    "Dynamo's default is arima)")
+    p.add_argument("--dynamo-perf-model", default="polynomial", choices=("polynomial", "aisimulate"),
+                   help="the SLA planner's forward-pass model: polynomial (AISimulate's native model replaced by "
+                   "the mocker's step model, benchmarks/peer_stubs.py) or aisimulate (as shipped; without the "
+                   "wheel every throughput decision is model_not_ready)")
+    p.add_argument("--isl-from", default="finished", choices=("finished", "routed"),
+                   help="lmsim sla_planner's ISL window: the requests finished in it (as Dynamo's offline replay "
+                   "averages it) or those routed in it (sla_planner's default)")
     p.add_argument("--gpu-budget", type=int, default=16)
     p.add_argument("--startup-s", type=float, default=60.0, help="worker start-up (model load) time, s")
     p.add_argument("--prefill", type=int, default=1, help="initial prefill workers of planner cases")
@@ -529,10 +594,11 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput_interval_s": args.throughput_interval_s, "predictor": args.predictor,
                 "gpu_budget": args.gpu_budget, "num_blocks": args.num_blocks, "max_batched": args.max_batched,
                 "max_seqs": args.max_seqs, "max_model_len": args.max_model_len,
-                "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin"}
+                "kv_transfer": f"{args.bandwidth_gb_s:g} GB/s x {args.bytes_per_token} B/token, full prompt", "step_model": "polynomial (mocker default)", "router": "round_robin",
+                "dynamo_perf_model": args.dynamo_perf_model, "lmsim_isl_from": args.isl_from}
         print(f"trace: {json.dumps(trace_info)}; SLO TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; "
               f"start-up {args.startup_s:g} s", flush=True)
-        rows, trajectory = [], []
+        rows, trajectory, decisions = [], [], []
         if args.no_dynamo:
             print("Dynamo half skipped (--no-dynamo)")
         elif not peer_available(args.peer_python):
@@ -543,13 +609,14 @@ def main(argv: list[str] | None = None) -> int:
                 if "row" in got:
                     rows.append(got["row"])
                     trajectory += got["trajectory"]
+                    decisions += got["decisions"]
                 else:
                     rows.append({"side": "dynamo", **got})
                 print(f"  dynamo {case}: {rows[-1].get('error') or 'done'} "
                       f"({rows[-1].get('process_wall_s', rows[-1].get('wall_s', 0)):.1f} s wall)", flush=True)
             if not args.no_save:
-                save(rows, trajectory, "dynamo_planner", meta)
-        lm_rows, lm_traj = [], []
+                save(rows, trajectory, "dynamo_planner", meta, decisions)
+        lm_rows, lm_traj, lm_decisions = [], [], []
         why = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing()
         if why:
             print(f"lmsim planner cases not run: {why}" + ("" if args.no_lmsim else "; fixed-fleet cases only"))
@@ -567,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             lm_rows.append(got["row"])
             lm_traj += got["trajectory"]
+            lm_decisions += got["decisions"]
             print(f"  lmsim {case}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
         # Dynamo's own trajectories replayed through lmsim's fleet (the `schedule` scaler)
         why_schedule = "skipped (--no-lmsim)" if args.no_lmsim else lmsim_missing("schedule")
@@ -588,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
             lm_traj += got["trajectory"]
             print(f"  lmsim dynamo-fleet:{row['case']}: done ({got['row']['run_wall_s']:.1f} s wall)", flush=True)
         if lm_rows and not args.no_save:
-            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why, "lmsim_missing_schedule": why_schedule})
+            save(lm_rows, lm_traj, "lmsim_planner", {**meta, "lmsim_missing": why, "lmsim_missing_schedule": why_schedule},
+                 lm_decisions)
     print_table(rows + lm_rows, trajectory + lm_traj)
     return 0
 

@@ -66,8 +66,15 @@ Sources (the installed wheel, dynamo/planner and dynamo/profiler, version 1.6.1)
   no pending start-ups), and a decision equal to them is no decision (the target stays).
 * Traffic: the request count and mean ISL (and TTFT) of the pool requests enter (prefill,
   or the only pool), the mean OSL (and ITL) of the pool they finish in; Dynamo reads all
-  from the frontend. Its replay averages ISL over the requests completed in the window
-  (replay_adapter.py `_merge_traffic`); lmsim's fleet averages it over those routed in it.
+  from the frontend. Its offline replay averages the window's ISL (and OSL) over the requests
+  completed in it, while its request count is of those that arrived (checked against the
+  replay's per-request records on the stepped trace of benchmarks/fleet/dynamo_planner.py:
+  window 0-60 s, 119 arrivals of mean ISL 2,140.48, 105 completions of mean ISL 2,155.91,
+  the replay's tick input 119 / 2,155.905). `isl_from: finished` averages ISL over the
+  requests that finished in the interval in the pool they finish in, as that replay does;
+  `routed` (the default) over those routed in it, the requests the forecast is sizing
+  for. On that trace the choice moves one decode step-up by one interval (a knife edge:
+  17.98 req/s demand against 5.99 req/s per engine), see docs/explanation/dynamo-planner.md.
 * Engine limits (max_num_batched_tokens, max_num_seqs, KV tokens): the params, else the
   scaler context's `engine_limits[pool]`, else lmsim's engine defaults and the profile's KV
   pool, else Dynamo's replay fallback (replay/planner.py: 16384 x 16 KV tokens).
@@ -108,6 +115,7 @@ from lmsim.scaling import Autoscaler, FleetObservation, PoolObservation, ScalerC
 
 MODES = ("auto", "disagg", "agg")
 PREDICTORS = ("constant", "kalman")
+ISL_FROM = ("finished", "routed")
 MAX_CAPACITY_SEARCH_CANDIDATES = 128  # engine_query.py
 DECODE_MAX_CONCURRENCY = 2000  # profiler/utils/defaults.py
 # replay/planner.py `_generate_ais_decode_fpms`: the KV capacity assumed when the engine
@@ -535,8 +543,10 @@ class SlaPlanner(Autoscaler):
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
         max_kv_tokens: int | None = None,
+        isl_from: str = "routed",
     ) -> None:
         self.mode = check_choice("mode", mode, MODES)
+        self.isl_from = check_choice("isl_from", isl_from, ISL_FROM)
         self.ttft_ms = float(check_number("ttft_ms", ttft_ms, lo=0, lo_open=True))
         self.itl_ms = float(check_number("itl_ms", itl_ms, lo=0, lo_open=True))
         self.load_predictor = check_choice("load_predictor", load_predictor, PREDICTORS)
@@ -696,6 +706,8 @@ class SlaPlanner(Autoscaler):
         entry, exit_ = self._traffic(observation)
         num_req = float(entry.num_requests)
         isl, osl = entry.mean_input_tokens, exit_.mean_output_tokens
+        if self.isl_from == "finished":
+            isl = exit_.mean_finished_input_tokens
         self._predictors["num_req"].add(num_req)
         if num_req > 0:
             self._seen_traffic = True

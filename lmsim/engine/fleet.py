@@ -327,9 +327,9 @@ class _Traffic:
     def __init__(self) -> None:
         self.routed: deque[tuple[float, int]] = deque()  # (at, prompt tokens)
         self.first_tokens: deque[tuple[float, float]] = deque()  # (at, ttft)
-        self.finished: deque[tuple[float, int, float]] = deque()  # (at, output tokens, itl or nan)
+        self.finished: deque[tuple[float, int, float, int]] = deque()  # (at, output tokens, itl or nan, prompt tokens)
 
-    def window(self, start: float, end: float) -> tuple[int, float, float, float | None, float | None]:
+    def window(self, start: float, end: float) -> tuple[int, float, float, float | None, float | None, float]:
         def inside(rows: deque) -> list:
             return [r for r in rows if start < r[0] <= end]
 
@@ -339,7 +339,8 @@ class _Traffic:
         ttft = float(np.mean([r[1] for r in first])) if first else None
         itls = [r[2] for r in done if r[2] == r[2]]
         itl = float(np.mean(itls)) if itls else None
-        return len(routed), isl, osl, ttft, itl
+        finished_isl = float(np.mean([r[3] for r in done])) if done else float("nan")
+        return len(routed), isl, osl, ttft, itl, finished_isl
 
     def forget_until(self, t: float) -> None:
         for rows in (self.routed, self.first_tokens, self.finished):
@@ -681,7 +682,7 @@ class Fleet:
                 for r in finished:
                     n = r.output_tokens
                     itl = (now - r.first_token_at) / (n - 1) if n > 1 and r.first_token_at is not None else float("nan")
-                    t.finished.append((now, n, itl))
+                    t.finished.append((now, n, itl, r.input_tokens))
 
             self._traffic_of(instance_id, note)
         if finished and self.state[instance_id] == DRAINING:
@@ -697,9 +698,9 @@ class Fleet:
     # -- the autoscaler ------------------------------------------------------------------
 
     def _pool_facts(self, plan: PoolPlan) -> PoolObservation:
-        return self._observe(self.plans.index(plan), self.env.now, (0, 0.0, 0.0, None, None))
+        return self._observe(self.plans.index(plan), self.env.now, (0, 0.0, 0.0, None, None, float("nan")))
 
-    def _observe(self, k: int, now: float, traffic: tuple[int, float, float, float | None, float | None]) -> PoolObservation:
+    def _observe(self, k: int, now: float, traffic: tuple[int, float, float, float | None, float | None, float]) -> PoolObservation:
         plan = self.plans[k]
         counts = [0] * 6
         running = waiting = 0
@@ -712,7 +713,7 @@ class Fleet:
                 running += len(s.running)
                 waiting += s.num_waiting
                 usage.append(s.cache.usage)
-        num, isl, osl, ttft, itl = traffic
+        num, isl, osl, ttft, itl, finished_isl = traffic
         return PoolObservation(
             pool=plan.name, role=plan.role, gpu=plan.gpu, gpus_per_instance=plan.gpus,
             min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, target=self.targets[k],
@@ -721,6 +722,7 @@ class Fleet:
             kv_usage=float(np.mean(usage)) if usage else 0.0,
             num_requests=num, request_rate=num / self.interval_s if self.interval_s > 0 else 0.0,
             mean_input_tokens=isl, mean_output_tokens=osl, ttft_mean_s=ttft, itl_mean_s=itl,
+            mean_finished_input_tokens=finished_isl,
         )
 
     def _schedule_tick(self, n: int) -> None:
