@@ -282,15 +282,21 @@ def test_a_mean_bound_plans_the_hand_computed_count(tmp_path):
     (Dynamo's replay_optimize bounds means). n = 3: TTFTs 0.1 + 0.01 k, k = 0..99, three
     requests each: mean 0.1 + 0.01 x 49.5 = 0.595 s. n = 2: 0.1 + 0.04 k, k = 0..149: mean
     0.1 + 0.04 x 74.5 = 3.08 s. So a mean TTFT bound of 0.6 s needs 3 instances, 0.59 s needs 4
-    (every TTFT 0.1 s). The n = 2 probe fails early, not at the end: once the first-token-less
-    requests' ages alone put the mean's lower bound above the bound."""
+    (every TTFT 0.1 s). The n = 2 probe fails early, before the last arrival (8.97 s): by 6 s
+    each instance has served ~60 requests (TTFT sum ~0.1 x 60 + 0.04 x 1770 = 77 s) and holds
+    ~40 waiting with ages up to 2.4 s (~48 s): ~250 s over both, so the lower bound (known TTFTs + waiting ages)
+    / 300 already exceeds 0.59 s (a sum of 177 s). No probe stops early as met."""
     result = run_plan(_plan_file(tmp_path, {"slo": {"ttft_mean_s": 0.6}}), log=None)
     row = result.row(result.winner)
     assert (result.winner, row["instances"]) == ("lin colocated round_robin", 3)
     assert row["values"]["ttft_mean_s"] == pytest.approx(0.595, abs=1e-9)
-    tighter = run_plan(_plan_file(tmp_path, {"slo": {"ttft_mean_s": 0.59}}), log=None)
+    tighter = run_plan(_plan_file(tmp_path, {"slo": {"ttft_mean_s": 0.59}}), out=tmp_path / "out", log=None)
     assert tighter.row(tighter.winner)["instances"] == 4
     assert tighter.row(tighter.winner)["values"]["ttft_mean_s"] == pytest.approx(0.1, abs=1e-9)
+    probes = [json.loads(line) for line in (tmp_path / "out" / PROBES_FILE).read_text().splitlines()]
+    stopped = [p for p in probes if p["early"] == "failed: ttft_mean_s"]
+    assert any(p["stopped_at_s"] < GAP_S * (N - 1) for p in stopped)  # n = 2: before the last arrival
+    assert not any(p["early"] == "met" for p in probes)  # a mean is never certainly met early
 
 
 def test_mean_statistics_by_hand():
