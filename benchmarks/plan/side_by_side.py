@@ -25,7 +25,10 @@ Dynamo half: with the peer venv (ai-dynamo 1.6.1), `dynamo_answer` at lmsim's GP
 it differs from Dynamo's (replay_optimize's own best state at that budget, and the evaluated
 state matching lmsim's fleet when the search tried it); without it, the saved results of
 dynamo_replay_optimize.py (benchmarks/plan/results/dynamo_replay_optimize.json).
-Saves benchmarks/plan/results/lmsim_side_by_side.json and prints the table.
+Dynamo's replay of every fixed fleet above comes from the states replay_optimize evaluates at
+budgets 3 and 4 (peer venv; saved to dynamo_replay_optimize_states_3_4_gpus.json, which is read
+when the venv is absent). Saves benchmarks/plan/results/lmsim_side_by_side.json and prints the
+table.
 """
 
 from __future__ import annotations
@@ -137,6 +140,40 @@ FLEETS = [  # (what, shape, router, instances): both sides' answers and the 3-GP
 ]
 
 
+SAVED_STATES = RESULTS / "dynamo_replay_optimize_states_3_4_gpus.json"
+STATE_KEYS = ("workers", "prefill_workers", "decode_workers", "router_mode", "overlap_score_credit",
+              "prefill_load_scale", "feasible", "mean_ttft_ms", "mean_tpot_ms", "total_gpus_used")
+
+
+def dynamo_states(peer_python: str, trace: Path) -> dict:
+    """Every state replay_optimize evaluates at budgets 3 and 4 (agg and disagg), from the
+    peer venv when present (and saved), else from the saved file: Dynamo's replay of the
+    fleets in FLEETS, which its own answers do not all cover."""
+    if not peer_available(peer_python):
+        return {"source": str(SAVED_STATES.relative_to(HERE.parents[1])), **json.loads(SAVED_STATES.read_text())}
+    from dynamo_replay_optimize import dynamo_answer
+
+    states = {f"{mode}{gpus}": [{k: r.get(k) for k in STATE_KEYS}
+                                for r in dynamo_answer(gpus=gpus, mode=mode, trace=str(trace),
+                                                       peer_python=peer_python).get("evaluated", [])]
+              for gpus in (3, 4) for mode in ("agg", "disagg")}  # fmt: skip
+    SAVED_STATES.write_text(json.dumps(states, indent=1) + "\n")
+    return {"source": "peer venv (ai-dynamo 1.6.1)", **states}
+
+
+def dynamo_at(states: dict, shape: str, router: dict, n: int) -> dict | None:
+    """Dynamo's replay of one FLEETS entry: the evaluated state with the same workers and
+    router mode (KV router: overlap credit 1, prefill load scale 1, lmsim's `dynamo` defaults)."""
+    mode = "agg" if shape == "colocated" else "disagg"
+    kv = router["policy"] in ("dynamo", "dynamo_disagg")
+    for r in states.get(f"{mode}{n}", []):
+        same = r["workers"] == n if mode == "agg" else (r["prefill_workers"], r["decode_workers"]) == (1, n - 1)
+        if same and r["router_mode"] == ("kv_router" if kv else "round_robin") and (
+                not kv or r["prefill_load_scale"] in (1.0, None)):  # fmt: skip
+            return {"ttft_ms_mean": r["mean_ttft_ms"], "itl_ms_mean": r["mean_tpot_ms"], "feasible": r["feasible"]}
+    return None
+
+
 def dynamo_half(peer_python: str, trace: Path, lmsim_gpus: int | None) -> dict:
     """replay_optimize's smallest feasible budgets, from the saved run; and, with the peer
     venv, its search at lmsim's GPU count when that differs from its own answer."""
@@ -182,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         base = base_experiment(trace)
         fleets = [{"what": what, **run_fleet(base, shape, router, n)} for what, shape, router, n in FLEETS]
         dynamo = dynamo_half(args.peer_python, trace, plan["fewest_gpus"])
+        states = dynamo_states(args.peer_python, trace)
+        for f, (_what, shape, router, n) in zip(fleets, FLEETS):
+            f["dynamo_replay"] = dynamo_at(states, shape, router, n)
+        dynamo["states_source"] = states["source"]
     got = {"case": {"trace": info, "rate_rps": RATE, "duration_s": DURATION_S, "slo": SLO, "budget_gpus": BUDGET,
                     "engine": base_experiment(Path("trace"))["cluster"]},
            "lmsim_plan": plan, "fleets": fleets, "dynamo": dynamo, "wall_s": time.perf_counter() - started}  # fmt: skip
@@ -189,10 +230,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{plan['winner']} (tied: {', '.join(plan['tied']) or 'none'}), {plan['plan_wall_s']:.0f} s")
     for r in plan["designs"]:
         print(f"  {r['design']:<34} {r['status']:<13} {r.get('layout') or r.get('evidence') or ''}")
-    print(f"{'fleet':<36} {'GPUs':>4} {'meets':>5} {'TTFT mean':>9} {'TPOT mean':>9} {'ITL pooled':>10}")
+    print(f"{'fleet':<58} {'GPUs':>4} {'meets':>5} {'TTFT mean':>9} {'TPOT mean':>9} {'ITL pooled':>10}  Dynamo replay")
     for f in fleets:
-        print(f"{f['what'] + ' (' + f['fleet'] + ')':<36} {f['gpus']:>4} {f['meets_slo']!s:>5} "
-              f"{f['ttft_ms_mean']:>9.1f} {f['tpot_ms_mean']:>9.2f} {f['itl_ms_mean_pooled']:>10.2f}")
+        d = f["dynamo_replay"]
+        theirs = "-" if d is None else f"{d['ttft_ms_mean']:.1f} / {d['itl_ms_mean']:.2f} ({'meets' if d['feasible'] else 'fails'})"
+        print(f"{f['what'] + ' (' + f['fleet'] + ')':<58} {f['gpus']:>4} {f['meets_slo']!s:>5} "
+              f"{f['ttft_ms_mean']:>9.1f} {f['tpot_ms_mean']:>9.2f} {f['itl_ms_mean_pooled']:>10.2f}  {theirs}")
     if not args.no_save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "lmsim_side_by_side.json").write_text(json.dumps(got, indent=1, default=str) + "\n")
