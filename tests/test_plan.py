@@ -221,6 +221,24 @@ def test_designs_become_the_experiments_they_name():
     assert (colocated.cluster.num_instances, colocated.cluster.pools, colocated.router.policy) == (3, None, "vllm")
 
 
+def test_pd_pools_of_a_polynomial_profile_price_by_their_role():
+    """Dynamo's mocker prices a prefill worker's pass with no decode part and a decode
+    worker's with no prefill (lmsim/profile/polynomial.py): a P/D design on the `polynomial`
+    profile gives each pool `worker_type` = its role; colocated keeps the aggregated one."""
+    from lmsim.config import validate
+    from lmsim.plan.config import GpuOption, RouterOption
+    from lmsim.plan.design import Design
+
+    gpu = GpuOption(name="poly", profile={"kind": "polynomial", "kv_bytes_per_token": 98304}, price_per_hour=1.0)
+    base = {"workload": {"generator": {"name": "chatbot", "params": {"num_requests": 10}}, "rate": 5},
+            "cluster": {"num_gpu_blocks": 1000}}  # fmt: skip
+    config = validate(Design(gpu, "pd 1:3", None, RouterOption(policy="round_robin")).experiment(base, 4), where="t")
+    assert [(p.role, p.num_instances, p.profile["worker_type"]) for p in config.cluster.pools] == [
+        ("prefill", 1, "prefill"), ("decode", 3, "decode")]
+    colocated = validate(Design(gpu, "colocated", None, RouterOption(policy="round_robin")).experiment(base, 4), where="t")
+    assert "worker_type" not in colocated.cluster.profile
+
+
 @pytest.mark.parametrize(
     ("start", "informed", "answer", "sequence"),
     [
@@ -257,3 +275,58 @@ def test_a_gpu_without_a_price_takes_the_shipped_one(tmp_path, monkeypatch):
     monkeypatch.setattr(lmsim.shipped, "gpu_price_per_hour", lambda gpu: {"lin": 2.5}[gpu], raising=False)
     result = run_plan(_plan_file(tmp_path, {"slo": {"ttft_p50_s": 0.6}, "objective": "cost"}), log=None)
     assert result.row(result.winner)["cost_per_hour"] == pytest.approx(7.5)
+
+
+def test_a_mean_bound_plans_the_hand_computed_count(tmp_path):
+    """The case of test_hand_built_linear_case_gives_the_computed_count, bounded by the mean
+    (Dynamo's replay_optimize bounds means). n = 3: TTFTs 0.1 + 0.01 k, k = 0..99, three
+    requests each: mean 0.1 + 0.01 x 49.5 = 0.595 s. n = 2: 0.1 + 0.04 k, k = 0..149: mean
+    0.1 + 0.04 x 74.5 = 3.08 s. So a mean TTFT bound of 0.6 s needs 3 instances, 0.59 s needs 4
+    (every TTFT 0.1 s). The n = 2 probe fails early, before the last arrival (8.97 s): by 6 s
+    each instance has served ~60 requests (TTFT sum ~0.1 x 60 + 0.04 x 1770 = 77 s) and holds
+    ~40 waiting with ages up to 2.4 s (~48 s): ~250 s over both, so the lower bound (known TTFTs + waiting ages)
+    / 300 already exceeds 0.59 s (a sum of 177 s). No probe stops early as met."""
+    result = run_plan(_plan_file(tmp_path, {"slo": {"ttft_mean_s": 0.6}}), log=None)
+    row = result.row(result.winner)
+    assert (result.winner, row["instances"]) == ("lin colocated round_robin", 3)
+    assert row["values"]["ttft_mean_s"] == pytest.approx(0.595, abs=1e-9)
+    tighter = run_plan(_plan_file(tmp_path, {"slo": {"ttft_mean_s": 0.59}}), out=tmp_path / "out", log=None)
+    assert tighter.row(tighter.winner)["instances"] == 4
+    assert tighter.row(tighter.winner)["values"]["ttft_mean_s"] == pytest.approx(0.1, abs=1e-9)
+    probes = [json.loads(line) for line in (tmp_path / "out" / PROBES_FILE).read_text().splitlines()]
+    stopped = [p for p in probes if p["early"] == "failed: ttft_mean_s"]
+    assert any(p["stopped_at_s"] < GAP_S * (N - 1) for p in stopped)  # n = 2: before the last arrival
+    assert not any(p["early"] == "met" for p in probes)  # a mean is never certainly met early
+
+
+def test_mean_statistics_by_hand():
+    """Three finished requests, TTFT 0.1, 0.2, 0.9 s (mean 0.4; the median would be 0.2) and
+    TPOT 0.01, none (one output token), 0.03 s: the TPOT mean is over the two that have one,
+    0.02 (0.0133 if the one-token request counted as 0). ITL comes from the summary's pooled
+    mean. A fourth, rejected request makes the TTFT mean infinite (1e12 / 4 here): a lost
+    request fails a mean bound. The early stop's lower bound on a TTFT mean, with one request
+    done at 0.1 s, one waiting 3 s for its first token and one not yet arrived (age -1):
+    (0.1 + 3 + 0) / 3 = 1.0333 s; on an E2E mean with the first done at 0.5 s, likewise
+    (0.5 + 3 + 0) / 3."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from lmsim.plan.slo import EarlyStop, measure, parse_bounds
+
+    bounds = parse_bounds({"ttft_mean_s": 1.0, "tpot_mean_s": 1.0, "itl_mean_s": 1.0, "ttft_p50_s": 1.0})
+    assert [b.is_mean for b in bounds] == [True, True, True, False]  # sorted: itl, tpot, ttft means, ttft_p50
+    requests = pd.DataFrame({"status": ["finished"] * 3, "ttft_s": [0.1, 0.2, 0.9],
+                             "tpot_s": [0.01, np.nan, 0.03]})  # fmt: skip
+    values = measure(bounds, SimpleNamespace(requests=requests, summary={"itl_s_mean": 0.025}))
+    assert values["ttft_mean_s"] == pytest.approx(0.4)
+    assert values["ttft_p50_s"] == pytest.approx(0.2)
+    assert values["tpot_mean_s"] == pytest.approx(0.02)
+    assert values["itl_mean_s"] == 0.025
+    lost = pd.concat([requests, pd.DataFrame({"status": ["rejected"], "ttft_s": [np.nan], "tpot_s": [np.nan]})])
+    assert measure(bounds, SimpleNamespace(requests=lost, summary={}))["ttft_mean_s"] == pytest.approx(1e12 / 4, rel=1e-6)
+    done = np.array([True, False, False])
+    age = np.array([5.0, 3.0, -1.0])
+    assert EarlyStop._mean_floor("ttft", np.array([0.1, np.nan, np.nan]), done, age) == pytest.approx(3.1 / 3)
+    assert EarlyStop._mean_floor("e2e", np.array([0.5, np.nan, np.nan]), done, age) == pytest.approx(3.5 / 3)

@@ -15,9 +15,10 @@ from lmsim.config import ExperimentConfig, _format_validation_error, read_yaml, 
 from lmsim.errors import ConfigError, suggest
 
 # An SLO bound is `<metric>_<statistic>_s`: the statistic of the metric over every request of
-# the workload, an unfinished or rejected one counting as missing it (see lmsim.plan.slo).
+# the workload, an unfinished or rejected one counting as missing it (see lmsim.plan.slo). The
+# mean is there for planners that bound means (Dynamo's replay_optimize and SLA planner).
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
-SLO_STATISTICS = ("p50", "p90", "p99")
+SLO_STATISTICS = ("p50", "p90", "p99", "mean")
 SLO_KEY = re.compile(r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)_s$")
 SLO_KEYS = tuple(f"{m}_{s}_s" for m in SLO_METRICS for s in SLO_STATISTICS)
 
@@ -74,7 +75,7 @@ class SearchOptions(_Strict):
 
 class PlanSection(_Strict):
     objective: Literal["gpus", "cost"] = Field("cost", description="minimise GPUs or cost per hour")
-    slo: dict[str, float] = Field(description="bounds: <ttft|tpot|itl|e2e>_<p50|p90|p99>_s, and attainment")
+    slo: dict[str, float] = Field(description="bounds: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_s, and attainment")
     budget_gpus: int = Field(gt=0, description="most GPUs a design may use")
     gpus: list[GpuOption] = Field(min_length=1)
     shapes: list[str] = Field(default_factory=lambda: ["colocated"], min_length=1,

@@ -75,8 +75,8 @@ class Design:
             cluster.pop("num_instances", None)
             p, d = self.split(n)
             cluster["pools"] = [
-                {"name": "prefill", "role": "prefill", "num_instances": p},
-                {"name": "decode", "role": "decode", "num_instances": d},
+                {"name": "prefill", "role": "prefill", "num_instances": p, **_role_profile(self.gpu.profile, "prefill")},
+                {"name": "decode", "role": "decode", "num_instances": d, **_role_profile(self.gpu.profile, "decode")},
             ]
             if is_disaggregated(self.router.policy):
                 router["policy"], router["params"] = self.router.policy, copy.deepcopy(self.router.params)
@@ -87,6 +87,16 @@ class Design:
                                 decode_params=copy.deepcopy(self.router.params))  # fmt: skip
                 router["policy"], router["params"] = "pd", side
         return raw
+
+
+def _role_profile(profile: str | dict[str, Any], role: str) -> dict[str, Any]:
+    """A pool's own profile where the GPU's profile prices a pass by the worker's role: the
+    `polynomial` profile (Dynamo's mocker) charges a prefill worker no decode part and a decode
+    worker no prefill (lmsim/profile/polynomial.py), so a P/D pool gets `worker_type` = its
+    role unless the plan set one. Other profiles price every role alike: nothing to add."""
+    if isinstance(profile, dict) and profile.get("kind") == "polynomial" and "worker_type" not in profile:
+        return {"profile": {**copy.deepcopy(profile), "worker_type": role}}
+    return {}
 
 
 def is_disaggregated(policy: str) -> bool:

@@ -19,6 +19,19 @@ certain misses plus the undecided are at most N - 1 - hi, rank hi is within the 
 happens: it is met. A run stops early as met only when every bound is certainly met (never with
 an ITL bound, which has no per-request rule). A diverging queue fails fast: its requests wait
 longer than the bound long before they would finish.
+
+Means (`ttft_mean_s`, `tpot_mean_s`, `e2e_mean_s`, `itl_mean_s`), the statistic Dynamo's
+replay_optimize bounds. TTFT and E2E: the mean over every request, an unfinished one infinite
+(so a fleet that loses a request fails a mean bound as it fails a percentile). TPOT: the mean
+over the requests that have one (more than one output token), an unfinished one infinite. ITL:
+the run summary's pooled mean over output tokens. Early stop: a mean bound can fail early, never
+pass early. Its certain lower bound is the sum of what is already known (a finished request's
+value; a request without its first token has TTFT and E2E of at least its age; any other value
+at least 0; a rejected one infinite) divided by N, every request (for TPOT N is an upper bound
+on the requests that have one, so the quotient stays a lower bound): once that exceeds the
+bound, the bound fails whatever happens next. It can be certainly met only when every request
+is done, i.e. at the end of the run, so a run with a mean bound never stops early as met. An
+ITL mean, like an ITL percentile, is never decided early.
 """
 
 from __future__ import annotations
@@ -39,8 +52,12 @@ INFINITE = 1e12  # an unfinished request's value: finite so interpolation stays 
 class Bound:
     key: str  # as written: ttft_p99_s, attainment
     metric: str  # ttft, tpot, itl, e2e, attainment
-    q: float  # percentile (0-100); the fraction for attainment
+    q: float | None  # percentile (0-100); the fraction for attainment; None for a mean
     limit: float
+
+    @property
+    def is_mean(self) -> bool:
+        return self.q is None
 
     def met(self, value: float | None) -> bool:
         if value is None or math.isnan(value):
@@ -64,7 +81,8 @@ def parse_bounds(slo: dict[str, float]) -> list[Bound]:
             continue
         m = SLO_KEY.match(key)
         assert m is not None  # checked by PlanSection
-        out.append(Bound(key, m["metric"], float(m["stat"][1:]), float(slo[key])))
+        q = None if m["stat"] == "mean" else float(m["stat"][1:])
+        out.append(Bound(key, m["metric"], q, float(slo[key])))
     return out
 
 
@@ -83,6 +101,14 @@ def _per_request(metric: str, requests: Any) -> np.ndarray:
     return out
 
 
+def _mean(metric: str, requests: Any) -> float | None:
+    values = _per_request(metric, requests)
+    if metric == "tpot":  # only the requests that have a TPOT (more than one output token)
+        done = (requests["status"] == "finished").to_numpy()
+        values = values[~(done & np.isnan(requests["tpot_s"].to_numpy(dtype=float, na_value=np.nan)))]
+    return float(values.mean()) if len(values) else None
+
+
 def measure(bounds: list[Bound], results: Any) -> dict[str, float | None]:
     """Each bound's statistic on a finished run (`Results`), by the definitions above."""
     out: dict[str, float | None] = {}
@@ -90,7 +116,9 @@ def measure(bounds: list[Bound], results: Any) -> dict[str, float | None]:
         if b.metric == "attainment":
             out[b.key] = results.summary.get("slo_attainment")
         elif b.metric == "itl":
-            out[b.key] = results.summary.get(f"itl_s_p{int(b.q)}")
+            out[b.key] = results.summary.get("itl_s_mean" if b.is_mean else f"itl_s_p{int(b.q)}")
+        elif b.is_mean:
+            out[b.key] = _mean(b.metric, results.requests)
         else:
             values = _per_request(b.metric, results.requests)
             out[b.key] = float(np.percentile(values, b.q)) if len(values) else None
@@ -109,7 +137,7 @@ class EarlyStop:
         self.at_s: float | None = None
         frontend = getattr(sim, "frontend", None)
         self._stream_s = frontend.stream_s if frontend is not None else 0.0
-        self._can_pass = all(b.metric != "itl" for b in bounds)
+        self._can_pass = all(b.metric != "itl" and not b.is_mean for b in bounds)
 
     def _waiting_ages(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Ids and ages of requests that certainly have no first token yet: waiting on an
@@ -140,6 +168,10 @@ class EarlyStop:
         for b in self.bounds:
             if b.metric == "itl":
                 continue
+            if b.is_mean:
+                if lost.any() or self._mean_floor(b.metric, value[b.metric], done, age) > b.limit:
+                    return self._stop(now, f"failed: {b.key}")
+                continue
             if b.metric == "attainment":
                 good = done & (value["ttft"] <= self.targets["ttft_s"]) & (value["tpot"] <= self.targets["tpot_s"])
                 miss = (done & ~good) | lost
@@ -165,6 +197,17 @@ class EarlyStop:
         if all_met and self._can_pass:
             return self._stop(now, "met")
         return None
+
+    @staticmethod
+    def _mean_floor(metric: str, value: np.ndarray, done: np.ndarray, age: np.ndarray) -> float:
+        """A certain lower bound on the mean of `metric` (module docstring): known values, and
+        for a request still without its first token (TTFT) or unfinished (E2E) its age."""
+        known = np.where(done, value, 0.0)
+        if metric == "ttft":  # a first token already out gives the request's TTFT for good
+            known = np.where(np.isnan(value), np.maximum(age, 0.0), value)
+        elif metric == "e2e":
+            known = np.where(done, value, np.maximum(age, 0.0))
+        return float(np.nan_to_num(known, nan=0.0).sum()) / len(value)
 
     def _stop(self, now: float, verdict: str) -> None:
         from lmsim.engine.clock import stop_run
