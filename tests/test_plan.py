@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import make_trace
 from lmsim.cli import main
 from lmsim.plan import run_plan
 from lmsim.plan.probe import PROBES_FILE
-from tests.conftest import make_trace
 
 LINEAR = {"kind": "linear", "step_base_s": 0.02, "per_prefill_token_s": 0.0001}
 N = 300

@@ -4,9 +4,9 @@ dask extra (`pip install 'lmsim[dask]'`); skips cleanly without it."""
 from __future__ import annotations
 
 import pytest
+from test_plan import _plan_file
 
 from lmsim.plan import run_plan
-from tests.test_plan import _plan_file
 
 pytest.importorskip("distributed")
 
