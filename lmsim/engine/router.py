@@ -210,27 +210,33 @@ class Router(RouterBase):
     def route(self, request: Request, now: float) -> int | None:
         """Choose an instance and submit the request there; None if it was rejected."""
         materialize_all(self.instances, now)
-        started = time.perf_counter()
-        choice = self.policy.choose(request, self.view())
-        self.decision_wall_s += time.perf_counter() - started
-        self.num_decisions += 1
-        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < len(self.instances):
-            n = len(self.instances)
-            raise PolicyError(
-                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
-                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
-                f"(the cluster's {n} instances)"
-            )
-        choice = int(choice)
+        choice = self._choose(request, self.view(), len(self.instances), now, "the cluster's")
         request.routed_at = now
         request.instance_id = choice
         if not self._on_dispatch(request, choice):
             return None
-        self.instances[choice].submit(request)
-        if self.adapter is not None:
-            self.adapter.on_routed(request, choice)
-        self.policy.on_routed(request, choice)
+        self._send(request, choice)
         return choice
+
+    def _choose(self, request: Request, view: Any, n: int, now: float, listed: str) -> int:
+        """The policy's answer for `request`, timed and checked to be a position 0..n-1."""
+        started = time.perf_counter()
+        choice = self.policy.choose(request, view)
+        self.decision_wall_s += time.perf_counter() - started
+        self.num_decisions += 1
+        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < n:
+            raise PolicyError(
+                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
+                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
+                f"({listed} {n} instances)"
+            )
+        return int(choice)
+
+    def _send(self, request: Request, instance_id: int) -> None:
+        self.instances[instance_id].submit(request)
+        if self.adapter is not None:
+            self.adapter.on_routed(request, instance_id)
+        self.policy.on_routed(request, instance_id)
 
 
 class FleetRouter(Router):
@@ -251,19 +257,8 @@ class FleetRouter(Router):
             fleet.no_instance(request)
             return None
         materialize_all(self.instances, now)
-        view = fleet.view(self.view())
-        started = time.perf_counter()
-        choice = self.policy.choose(request, view)
-        self.decision_wall_s += time.perf_counter() - started
-        self.num_decisions += 1
-        n = len(ids)
-        if not isinstance(choice, (int, np.integer)) or isinstance(choice, bool) or not 0 <= choice < n:
-            raise PolicyError(
-                f"policy {self.policy.registry_name!r} chose instance {choice!r} for request "
-                f"{request.request_id} at t={now:.3f} s; choose() must return an int from 0 to {n - 1} "
-                f"(a position among the {n} routable instances)"
-            )
-        instance_id = ids[int(choice)]
+        k = self._choose(request, fleet.view(self.view()), len(ids), now, "a position among the routable")
+        instance_id = ids[k]
         request.routed_at = now
         request.instance_id = instance_id
         if fleet.state[instance_id] != ACTIVE:  # crashed, not yet detected
@@ -274,9 +269,6 @@ class FleetRouter(Router):
             return None
         if not self._on_dispatch(request, instance_id):
             return None
-        self.instances[instance_id].submit(request)
-        if self.adapter is not None:
-            self.adapter.on_routed(request, instance_id)
-        self.policy.on_routed(request, instance_id)
+        self._send(request, instance_id)
         fleet.on_routed(request, instance_id)
         return instance_id
