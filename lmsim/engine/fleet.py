@@ -702,13 +702,10 @@ class Fleet:
 
     def _observe(self, k: int, now: float, traffic: tuple[int, float, float, float | None, float | None, float]) -> PoolObservation:
         plan = self.plans[k]
-        counts = [0] * 6
         running = waiting = 0
         usage = []
         for i in plan.ids:
-            state = self.state[i]
-            counts[state] += 1
-            if state == ACTIVE:
+            if self.state[i] == ACTIVE:
                 s = self.sim.instances[i].scheduler
                 running += len(s.running)
                 waiting += s.num_waiting
@@ -716,9 +713,8 @@ class Fleet:
         num, isl, osl, ttft, itl, finished_isl = traffic
         return PoolObservation(
             pool=plan.name, role=plan.role, gpu=plan.gpu, gpus_per_instance=plan.gpus,
-            min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, target=self.targets[k],
-            active=counts[ACTIVE], starting=counts[STARTING] + counts[WARMING], draining=counts[DRAINING],
-            failed=counts[FAILED], num_running=running, num_waiting=waiting,
+            min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, **self._replica_counts(k),
+            num_running=running, num_waiting=waiting,
             kv_usage=float(np.mean(usage)) if usage else 0.0,
             num_requests=num, request_rate=num / self.interval_s if self.interval_s > 0 else 0.0,
             mean_input_tokens=isl, mean_output_tokens=osl, ttft_mean_s=ttft, itl_mean_s=itl,
@@ -758,17 +754,16 @@ class Fleet:
         # (horizontal.go reconcileAutoscaler), Dynamo's planner the ready workers from its
         # runtime. With the scrape's counts, a scaler that had just raised the target saw
         # the old one and took it back (the HPA flapped 8 <-> 9 every sync).
-        pools = {name: self._live_counts(k, obs) for k, (name, obs) in enumerate(pools.items())}
+        pools = {name: dataclasses.replace(obs, **self._replica_counts(k)) for k, (name, obs) in enumerate(pools.items())}
         self.apply(self.autoscaler.decide(FleetObservation(now, scraped_at, self.interval_s, pools)))
 
-    def _live_counts(self, k: int, scraped: PoolObservation) -> PoolObservation:
+    def _replica_counts(self, k: int) -> dict[str, int]:
+        """Pool k's target and its instances by state, as PoolObservation fields."""
         counts = [0] * 6
         for i in self.plans[k].ids:
             counts[self.state[i]] += 1
-        return dataclasses.replace(
-            scraped, target=self.targets[k], active=counts[ACTIVE], starting=counts[STARTING] + counts[WARMING],
-            draining=counts[DRAINING], failed=counts[FAILED],
-        )
+        return {"target": self.targets[k], "active": counts[ACTIVE], "starting": counts[STARTING] + counts[WARMING],
+                "draining": counts[DRAINING], "failed": counts[FAILED]}
 
     def apply(self, desired: dict[str, int]) -> None:
         """Clamp each pool's desired count and move its instances towards it."""
