@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,3 +90,21 @@ def _fresh_capacity_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = saved
+
+
+def load_script(path: Path, *search: Path) -> Any:
+    """The benchmark script at `path` as a module, imported once: its folder and `search`
+    go on sys.path (as `python benchmarks/...` would put the script's folder first), and
+    the module is registered before it runs (dataclasses resolve annotations through
+    sys.modules)."""
+    for folder in (*search, path.parent):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

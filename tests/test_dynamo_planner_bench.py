@@ -6,7 +6,6 @@ hand. Dynamo itself runs only in the peer venv, never here."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,20 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(folder: Path, name: str):
-    for path in (BENCH, folder):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(folder / f"{name}.py", BENCH)
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,18 @@ item 5), checked on numbers small enough to compute by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 FOLDER = Path(__file__).resolve().parents[1] / "benchmarks" / "real_clusters"
 
 
 def _load(name: str):
-    if str(FOLDER) not in sys.path:
-        sys.path.insert(0, str(FOLDER))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, FOLDER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script(FOLDER / f"{name}.py")
 
 
 @pytest.fixture(scope="module")
