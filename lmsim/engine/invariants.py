@@ -217,7 +217,8 @@ def _check_stamps(request: Request, count: int, instance: Instance, step: int, n
 
 def _check_conservation(sim: Simulation, instance: Instance | None, step: int, now: float) -> None:
     """Every arrived request that is neither finished nor rejected sits on exactly one
-    instance (running or waiting), the one it was routed to; nothing else does."""
+    instance (running or waiting), the one it was routed to, or is still in the front end;
+    nothing else does."""
     status = sim.recorder.status
     where: dict[int, int] = {}
     for inst in sim.instances:
@@ -241,6 +242,9 @@ def _check_conservation(sim: Simulation, instance: Instance | None, step: int, n
                 if rid in where:
                     _fail(f"request {rid} listed twice (instances {where[rid]} and {h.prefill_id})", instance, step, now)
                 where[rid] = h.prefill_id
+    for rid in getattr(sim, "in_front_end", ()):
+        # sent, still in the client-side front end (lmsim.engine.frontend)
+        where[rid] = -1
     fleet = getattr(sim, "fleet", None)
     if fleet is not None:
         _check_fleet(sim, fleet, where, instance, step, now)

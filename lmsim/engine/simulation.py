@@ -186,6 +186,8 @@ class Simulation:
         # the client-side latency path (None: the client sits at the router, as before)
         self.frontend = FrontEnd.from_config(config.frontend)
         self._egress_s = self.frontend.stream_s if self.frontend is not None else 0.0
+        # sent by the client, not yet through the front end: on no instance (the invariants)
+        self.in_front_end: set[int] = set()
         gated = np.zeros(len(trace), dtype=bool)
         if self.stages is not None:
             gated[self.stages.gated_rows] = True
@@ -463,10 +465,15 @@ class Simulation:
             self.router.route(request, now)
             return
         # sent now; the router sees it once the front end has handled and tokenised it
+        self.in_front_end.add(request.request_id)
         schedule_at(
-            self.env, now + self.frontend.ingress_s(input_tokens), ARRIVAL,
-            lambda _event: self.router.route(request, self.env.now),
+            self.env, self.frontend.routed_at(now, input_tokens, request.prompt_text), ARRIVAL,
+            lambda _event: self._route_from_front_end(request),
         )
+
+    def _route_from_front_end(self, request: Request) -> None:
+        self.in_front_end.discard(request.request_id)
+        self.router.route(request, self.env.now)
 
     def _dispatch(self, request: Request, instance_id: int) -> bool:
         reason = self.dispatch_problem(request, instance_id)
