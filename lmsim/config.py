@@ -513,6 +513,14 @@ class FrontEndConfig(_Strict):
 
     request_s: float = Field(0.005, ge=0, description="API server per request: HTTP, validation, hand-off (s)")
     gateway_s: float = Field(0.0, ge=0, description="an L7 gateway and endpoint-picker hop before the router (s)")
+    gateway_bytes_per_s: float | None = Field(
+        None, gt=0,
+        description="the gateway's request-body path as one FIFO server of this throughput (body bytes/s);"
+        " absent: no queue (llm-d's EPP measured 28.4e6, see lmsim.engine.frontend)",
+    )
+    body_bytes_per_token: float = Field(
+        4.0, gt=0, description="request-body bytes per prompt token for prompts without text"
+    )
     tokenize_s_per_token: float = Field(1e-6, ge=0, description="prompt tokenisation, seconds per prompt token")
     stream_s: float = Field(0.001, ge=0, description="engine token to client: detokenise, SSE, network (s)")
 

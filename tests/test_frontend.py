@@ -66,9 +66,72 @@ def test_defaults_are_the_calibrated_api_server():
         ({"request_s": -1}, "frontend.request_s: Input should be greater than or equal to 0"),
         ({"stream_ms": 1}, "frontend.stream_ms: unknown key"),
         ({"tokenize_s_per_token": "fast"}, "frontend.tokenize_s_per_token"),
+        ({"gateway_bytes_per_s": 0}, "frontend.gateway_bytes_per_s: Input should be greater than 0"),
     ],
 )
 def test_bad_front_end_is_one_line(section, message):
     raw = {"workload": {"trace": "x.parquet"}, "frontend": section}
     with pytest.raises(ConfigError, match=message):
         validate(raw, where="exp.yaml")
+
+
+GATEWAY = {"request_s": 0.0, "tokenize_s_per_token": 0.0, "stream_s": 0.0,
+           "gateway_bytes_per_s": 100_000.0, "body_bytes_per_token": 1000.0}
+
+
+def test_gateway_body_path_is_one_fifo_server():
+    """Three requests of 10 tokens sent together, no text: bodies of 10 x 1000 = 10,000 bytes,
+    served one at a time at 100,000 bytes/s = 0.1 s each, so the router sees them at 0.1,
+    0.2 and 0.3 s; a fourth sent at 1.0, after the queue emptied, waits only its own 0.1 s."""
+    trace = make_trace([0.0, 0.0, 0.0, 1.0], [10] * 4, [2] * 4)
+    res = simulate(trace, frontend=GATEWAY)
+    assert res.requests.sort_values("request_id")["routed_at"].tolist() == pytest.approx([0.1, 0.2, 0.3, 1.1])
+
+
+def test_gateway_body_is_the_prompt_texts_utf8_bytes():
+    """With text the body is its UTF-8: 'héllo' is 6 bytes (é takes two), whatever the token
+    count; without text 5 tokens x 4 bytes = 20."""
+    from lmsim.engine.frontend import FrontEnd
+
+    front = FrontEnd(0.0, 0.0, 0.0, 0.0, gateway_bytes_per_s=2.0)
+    assert front.body_bytes(5, "héllo") == 6.0
+    assert front.body_bytes(5) == 20.0
+    assert front.routed_at(0.0, 5, "héllo") == 3.0  # 6 bytes at 2 bytes/s
+
+
+def test_gateway_reproduces_the_measured_epp_plateau():
+    """GIE issue #2928: 220 KB prompts through the EPP plateau at ~129 req/s whatever the
+    concurrency (121-133 from 20 to 200). At 28.4e6 bytes/s a 220,000-byte body takes
+    7.746 ms, so a closed loop of 20 clients against an instant backend completes
+    1 / 0.007746 = 129.1 req/s, and each request waits 20 x 7.746 = 154.9 ms (measured:
+    154 ms mean at concurrency 20); at 60 clients 464.8 ms (measured 426)."""
+    import heapq
+
+    from lmsim.engine.frontend import FrontEnd
+
+    for clients, expected_wait in ((20, 0.15493), (60, 0.46479)):
+        front = FrontEnd(0.0, 0.0, 0.0, 0.0, gateway_bytes_per_s=28.4e6, body_bytes_per_token=1.0)
+        sends = [(0.0, c) for c in range(clients)]
+        heapq.heapify(sends)
+        waits, done = [], 0
+        while done < 40 * clients:
+            sent, client = heapq.heappop(sends)
+            seen = front.routed_at(sent, 220_000)
+            if done >= 20 * clients:  # past the start-up transient
+                waits.append(seen - sent)
+            heapq.heappush(sends, (seen, client))
+            done += 1
+        assert sum(waits) / len(waits) == pytest.approx(expected_wait, rel=1e-3)
+        assert done / seen == pytest.approx(129.1, rel=1e-3)  # requests through per second
+
+
+
+def test_a_request_inside_the_front_end_is_where_it_should_be():
+    """The engine checks its invariants after every step. Request 0 is sent at 0 and routed
+    at 0.1; its first step ends at 0.12, while request 1 (sent at 0.05) is still in the front
+    end until 0.15: that is a live request on no instance, which the check accepts (it failed
+    the run with 'arrived ... but is on no instance' before it counted the front end)."""
+    trace = make_trace([0.0, 0.05], [10, 10], [2, 2])
+    res = simulate(trace, frontend={"request_s": 0.1, "tokenize_s_per_token": 0.0, "stream_s": 0.0},
+                   simulation={"check": True})
+    assert res.requests.sort_values("request_id")["routed_at"].tolist() == pytest.approx([0.1, 0.15])

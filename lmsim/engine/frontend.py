@@ -17,7 +17,27 @@ So a request sent at t reaches the router at t + ingress; its recorded `arrived_
 (the client's send time) and `routed_at` the router's (`queue_s` counts the ingress too); `first_token_at` and `finished_at`
 are when the client sees them. A closed-loop client (sessions, a stage barrier) reacts to
 the client-side finish. Queueing inside the front end (a saturated API-server process) is
-not modelled: each delay is per request, independent of load.
+not modelled: each delay is per request, independent of load, except on the gateway's
+body path below.
+
+The gateway's body path (`gateway_bytes_per_s`, off unless set). In llm-d and the Gateway
+API Inference Extension (GIE) the endpoint picker (EPP) sits in Envoy's ext_proc chain: Envoy
+streams the request body to the EPP in chunks, and the EPP decides only once it has the whole
+body and has parsed it (GIE `pkg/epp/handlers/server.go`, `StreamingServer.Process`). That
+path is a shared server whose cost grows with the body: GIE issue #2928 (kubernetes-sigs/
+gateway-api-inference-extension, 2026-05; the same measurement as llm-d/llm-d-router #1109)
+drove EPP v1.5.0 behind an Istio gateway with 4 near-instant `llm-d-inference-sim` backends
+and 220 KB prompts on a 24-CPU KIND host: throughput stayed at 121-133 req/s from
+concurrency 20 to 200 while mean TTFT grew 154 -> 1,453 ms, i.e. concurrency / throughput
+(Little's law for a closed loop against one bottleneck); the EPP's own scheduling took ~11 ms
+of it, body streaming the rest. lmsim models it as one FIFO server whose service time is
+the body's bytes over `gateway_bytes_per_s`: 220 KB x 129 req/s = 28.4e6 bytes/s
+reproduces that plateau (a test pins the arithmetic), and the same server at concurrency 20
+gives 20 / 129 = 155 ms. The issue gives no point at low concurrency, so no fixed per-request
+share is split out (`gateway_s` adds one, unqueued). A body is the prompt text's UTF-8 bytes,
+or `body_bytes_per_token` x prompt tokens without text. On llm-d's 37-capacity ladder (9,000-
+token random-token prompts, ~50 KB, at most 20 req/s) the server is 3.5% busy and adds ~1.8
+ms: the few hundred ms by which those clusters' TTFT exceeds lmsim's are not this path.
 
 Defaults (`frontend: {}` in an experiment; the vLLM/SGLang API server alone, no gateway), from the published single-instance
 sweeps at their lowest rate against lmsim's own TTFT there (points.csv, kind b):
@@ -54,18 +74,24 @@ gap, which the published setup does not explain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
 class FrontEnd:
-    """Per-request delays; the defaults are `lmsim.config.FrontEndConfig`'s (see above)."""
+    """Per-request delays, plus the gateway body path's queue; the defaults are
+    `lmsim.config.FrontEndConfig`'s (see above). One per simulation: it holds that queue."""
 
-    request_s: float
-    gateway_s: float
-    tokenize_s_per_token: float
-    stream_s: float
+    def __init__(
+        self, request_s: float, gateway_s: float, tokenize_s_per_token: float, stream_s: float,
+        gateway_bytes_per_s: float | None = None, body_bytes_per_token: float = 4.0,
+    ) -> None:
+        self.request_s = request_s
+        self.gateway_s = gateway_s
+        self.tokenize_s_per_token = tokenize_s_per_token
+        self.stream_s = stream_s
+        self.gateway_bytes_per_s = gateway_bytes_per_s
+        self.body_bytes_per_token = body_bytes_per_token
+        self._gateway_free_at = 0.0
 
     @classmethod
     def from_config(cls, section: Any) -> FrontEnd | None:
@@ -73,8 +99,26 @@ class FrontEnd:
         (the default: no client-side latency, as before)."""
         if section is None:
             return None
-        return cls(section.request_s, section.gateway_s, section.tokenize_s_per_token, section.stream_s)
+        return cls(
+            section.request_s, section.gateway_s, section.tokenize_s_per_token, section.stream_s,
+            section.gateway_bytes_per_s, section.body_bytes_per_token,
+        )
 
     def ingress_s(self, input_tokens: int) -> float:
-        """Send to router: the request's HTTP handling, gateway hop and tokenisation."""
+        """Send to router without the gateway's queue: HTTP handling, gateway hop, tokenisation."""
         return self.request_s + self.gateway_s + self.tokenize_s_per_token * input_tokens
+
+    def body_bytes(self, input_tokens: int, prompt_text: str = "") -> float:
+        """The request body the gateway streams: the prompt's UTF-8, or its tokens' estimate."""
+        if prompt_text:
+            return float(len(prompt_text.encode()))
+        return self.body_bytes_per_token * input_tokens
+
+    def routed_at(self, sent_at: float, input_tokens: int, prompt_text: str = "") -> float:
+        """When the router sees a request the client sends at `sent_at`. Calls must come in
+        send order (the arrival process's), which is the gateway queue's FIFO order."""
+        ready = sent_at
+        if self.gateway_bytes_per_s is not None:
+            start = max(sent_at, self._gateway_free_at)
+            ready = self._gateway_free_at = start + self.body_bytes(input_tokens, prompt_text) / self.gateway_bytes_per_s
+        return ready + self.ingress_s(input_tokens)
