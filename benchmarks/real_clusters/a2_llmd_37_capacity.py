@@ -101,15 +101,43 @@ def check_against_points(real) -> None:
         assert len(mine) == 1 and abs(float(mine.iloc[0]) - r.value) < 1e-6, (r.router, r.rate_qps, r.metric)
 
 
+def stage_spans(comparison: harness.Comparison, router: str = "precise-prefix-cache_load", output_len: int = 1000):
+    """Where a stage's time goes, for the router that never saturates. inference-perf's output
+    tok/s is the stage's tokens over its span (first send to last end), so the span is
+    rate x duration x output_len / tok/s on each side. The real span is also predicted from
+    the report's other columns: the stage's sending time, plus the mean TTFT, plus output_len
+    tokens at the per-token time (twice the ITL mean: vLLM's SSE stream yields two lines a
+    token). When that prediction matches the real span, the tail is the last request's
+    decode, and lmsim's shorter tail is its per-token time."""
+    durations = {f"{rate:g}": duration for rate, duration in STAGES[1:]}
+    rows = []
+    for label, (tput, ttft, itl) in zip(durations, REAL[router]):
+        if label not in comparison.stages:
+            continue
+        cells = comparison.cells[(comparison.cells.router == router) & (comparison.cells.stage == label)]
+        sim_tput = float(cells[cells.metric == "throughput"].sim.iloc[0])
+        tokens = float(label) * durations[label] * output_len
+        rows.append({
+            "stage": label, "real_span_s": tokens / tput, "real_send_ttft_decode_s": durations[label] + ttft + output_len * 2 * itl,
+            "sim_span_s": tokens / sim_tput, "real_per_token_ms": 2000 * itl,
+        })
+    return harness.pd.DataFrame(rows).round(1)
+
+
 def main(argv=None) -> harness.Comparison:
     stages, routers, labels = harness.ladder_selection(argv, __doc__, STAGES, ROUTERS, warmup=True)
     real = real_table(STAGES)
     check_against_points(real)
     real = real[real.stage.isin(labels) & real.router.isin(routers)]
-    return harness.run_llmd_case(
+    comparison = harness.run_llmd_case(
         CASE, routers, real, labels, "stages as the source ran them, nothing scaled down",
         model="llama-3.1-70b", gpu="h100", tp=4, kv_tokens_per_pod=461_376, num_pods=4,
         groups=83, per_group=3, system_len=8000, question_len=1000, output_len=1000, stages=stages, warmup=True)
+    if "precise-prefix-cache_load" in routers:
+        spans = harness.markdown(stage_spans(comparison))
+        print(spans)
+        (harness.RESULTS_DIR / f"{CASE}-spans.md").write_text(f"### {CASE}: stage spans (precise)\n\n{spans}\n")
+    return comparison
 
 
 if __name__ == "__main__":

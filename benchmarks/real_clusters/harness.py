@@ -362,6 +362,11 @@ EPP_RANDOM = {"plugins": [{"type": "single-profile-handler"}, {"type": "random-p
               "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "random-picker"}]}]}
 
 
+# llm-d's request path: the calibrated API server behind the gateway whose EPP body path
+# GIE #2928 measured (lmsim.engine.frontend: 28.4e6 body bytes/s).
+LLMD_FRONTEND = {"gateway_bytes_per_s": 28.4e6}
+
+
 def llmd_ladder(case: str, routers: dict[str, Any], *, model: str, gpu: str, tp: int, kv_tokens_per_pod: int,
                 num_pods: int, groups: int, per_group: int, system_len: int, question_len: int, output_len: int,
                 stages: Sequence[tuple[float, float]], warmup: bool, block_size: int = 16,
@@ -369,7 +374,8 @@ def llmd_ladder(case: str, routers: dict[str, Any], *, model: str, gpu: str, tp:
     """An llm-d kv-cache-manager benchmark replayed as inference-perf drove it: `shared_prefix`
     prompts (random-token text, re-tokenised), constant-rate stages with the barrier and a
     1 s interval, `output_len` tokens per request (ignore_eos), the KV pool set to the reported
-    tokens per pod, llm-d's 50 ms metrics refresh, the calibrated API-server front end.
+    tokens per pod, llm-d's 50 ms metrics refresh, the calibrated API-server front end behind
+    the gateway's measured body path (`LLMD_FRONTEND`).
     `routers`: real label -> lmsim `router:` mapping. Returns the per-stage long table (the
     warm-up stage dropped when `warmup`) and each router's `engine_state` table."""
     labels = ["warm-up" if warmup and k == 0 else f"{rate:g}" for k, (rate, _) in enumerate(stages)]
@@ -385,7 +391,7 @@ def llmd_ladder(case: str, routers: dict[str, Any], *, model: str, gpu: str, tp:
             "cluster": {"num_instances": num_pods, "profile": profile(model, gpu, tp), "block_size": block_size,
                         "num_gpu_blocks": kv_tokens_per_pod // block_size, **(extra_cluster or {})},
             "router": {**router, "view": {"metrics_path": "llm-d", **router.get("view", {})}},
-            "frontend": {},
+            "frontend": LLMD_FRONTEND,
         })
         rows += [r for r in stage_rows(results, label, labels) if r[0] != "warm-up"]
         summaries[label] = engine_state(results, labels)

@@ -35,9 +35,11 @@ the body's bytes over `gateway_bytes_per_s`: 220 KB x 129 req/s = 28.4e6 bytes/s
 reproduces that plateau (a test pins the arithmetic), and the same server at concurrency 20
 gives 20 / 129 = 155 ms. The issue gives no point at low concurrency, so no fixed per-request
 share is split out (`gateway_s` adds one, unqueued). A body is the prompt text's UTF-8 bytes,
-or `body_bytes_per_token` x prompt tokens without text. On llm-d's 37-capacity ladder (9,000-
-token random-token prompts, ~50 KB, at most 20 req/s) the server is 3.5% busy and adds ~1.8
-ms: the few hundred ms by which those clusters' TTFT exceeds lmsim's are not this path.
+or `body_bytes_per_token` x prompt tokens without text. On llm-d's 37-capacity ladder (points.csv
+A2: 9,000-token random-token prompts, ~40 KB, 1.4 ms each; at most 20 req/s, so the server is
+at most 3% busy) it raised lmsim's mean TTFT by 1.3-1.4 ms per stage (precise scorer: 50.0 ->
+51.4 ms at 3 req/s, 93.6 -> 94.9 ms at 20): the ~0.2 s by which that cluster's TTFT exceeds
+lmsim's is not this path (docs/explanation/real-clusters.md traces it).
 
 Defaults (`frontend: {}` in an experiment; the vLLM/SGLang API server alone, no gateway), from the published single-instance
 sweeps at their lowest rate against lmsim's own TTFT there (points.csv, kind b):
@@ -60,16 +62,10 @@ So the API server costs a few ms: `request_s` 5 ms, `stream_s` 1 ms, and tokenis
 text" on a server CPU, i.e. ~12M tokens/s over all cores; one request is tokenised on one
 core, ~1M tokens/s), which is 0.2 ms for the 220-token prompts above and 9 ms for a
 9,000-token prompt: together the 6 ms of the SGLang point. These defaults do NOT explain the
-few hundred ms by which real llm-d clusters' low-load TTFT exceeds lmsim's; that gap lies
-in the gateway path (`gateway_s`, which has no published per-hop measurement to default
-from) or elsewhere in those deployments, and is left to be set per deployment. Measured on
-the llm-d "37-capacity" ladder (points.csv A2: 83 x 3 prompts of 8,000 + 1,000 tokens,
-output 1,000, constant stages 3-20 req/s with the barrier; 4 x Llama-3.1-70B on an H100 TP4
-profile, 28,836 KV blocks a pod; `llmd_scorer` 2/1/1 with the events view and the llm-d
-metrics path): with these defaults lmsim's per-stage mean TTFT is 52-94 ms against
-242-270 ms measured for the precise scorer, while its output tok/s is within 6-14 % of the
-measured (mean over stages 5,813 vs 5,381); a `gateway_s` near 0.19 s would close the TTFT
-gap, which the published setup does not explain.
+~0.2 s by which the llm-d "37-capacity" cluster's low-load TTFT exceeds lmsim's (points.csv
+A2, precise scorer: 242-304 ms measured, 51-95 ms in lmsim with this front end and the
+gateway body path below). The gateway's body path is measured and small there; the report's
+own streams say where the rest is: see docs/explanation/real-clusters.md, A2.
 """
 
 from __future__ import annotations
