@@ -113,6 +113,29 @@ def test_random_token_text_round_trip_is_near_nominal():
     assert abs(lengths.mean() / 512 - 1) < 0.02
 
 
+def test_token_scale_grows_every_prompt_and_keeps_the_shared_system_prompt():
+    """The same texts re-tokenised at token_scale 2 (a tokenizer needing twice the tokens):
+    each prompt's length is round(2 x the estimate's piece costs), i.e. twice the unscaled
+    length give or take the one token of rounding, and the two prompts of a group still share
+    the blocks of their system prompt, now twice as many (64 tokens: 4 blocks of 16 -> 8)."""
+    one = generate("shared_prefix", SMALL, seed=3)
+    two = generate("shared_prefix", {**SMALL, "token_scale": 2.0}, seed=3)
+    assert one.prompt_texts == two.prompt_texts
+    for k in range(len(one.prompt_texts)):
+        rows = np.flatnonzero(one.text_id == k)[:1]
+        assert abs(int(two.input_tokens[rows][0]) - 2 * int(one.input_tokens[rows][0])) <= 1
+    texts = one.prompt_texts
+    group = next((a, b) for a in range(6) for b in range(a + 1, 6)
+                 if len(_common_text(texts[a], texts[b])) > 100)
+
+    def shared_blocks(trace, a, b):
+        ra, rb = (int(np.flatnonzero(trace.text_id == k)[0]) for k in (a, b))
+        return _common_ids(trace.hash_ids(ra), trace.hash_ids(rb))
+
+    assert shared_blocks(one, *group) in (3, 4)
+    assert shared_blocks(two, *group) in (7, 8)
+
+
 def test_generators_are_deterministic():
     a = generate("shared_prefix", SMALL, seed=4)
     b = generate("shared_prefix", SMALL, seed=4)
@@ -127,6 +150,7 @@ def test_generators_are_deterministic():
         ("shared_prefix", {"stages": [{"rate": 1}]}, r"stages\[0\] must be a mapping with exactly rate and duration"),
         ("shared_prefix", {"num_groups": 0}, "num_groups must be a whole number >= 1"),
         ("shared_prefix", {"interval_s": -1}, "interval_s must be a finite number >= 0"),
+        ("shared_prefix", {"token_scale": 0}, "token_scale must be a finite number > 0"),
         ("generated_shared_prefix", {"rate": 0}, "rate must be > 0"),
         ("prefix_repetition", {"num_requests": 3, "num_prefixes": 4}, r"num_requests \(3\) must be >= num_prefixes \(4\)"),
     ],

@@ -102,3 +102,20 @@ def test_without_ttft_the_best_router_is_the_highest_throughput(harness):
     c = harness.compare("t", real, sim, ["inf"])
     assert (c.per_stage.best_real.item(), c.per_stage.best_sim.item()) == ("y", "x")
     assert c.per_stage.tau_tput.item() == -1.0 and c.bars()["best_match"] == 0.0
+
+
+def test_stage_rows_count_output_tokens_as_the_client_does(harness):
+    """inference-perf re-tokenises the output text: on Llama-3.1 it counts 0.982 of the
+    generated tokens (the llm-d 64p run's totals: 1,029,882 of 5,460 x 192). One stage of
+    two requests with 10 output tokens: throughput scales by the count, TTFT does not."""
+    from conftest import make_trace, simulate
+    from lmsim.workload.ladder import stage_meta
+
+    trace = make_trace([0.0, 0.5], [10, 10], [10, 10], stage=[0, 0], session_id=[0, 1])
+    trace.meta.update(stage_meta([0.0], 1.0, True))
+    results = simulate(trace)
+    plain = {(r[2]): r[3] for r in harness.stage_rows(results, "x", ["s"])}
+    counted = {(r[2]): r[3] for r in harness.stage_rows(results, "x", ["s"], output_count=harness.LLAMA31_OUTPUT_COUNT)}
+    assert harness.LLAMA31_OUTPUT_COUNT == pytest.approx(1_029_882 / (5_460 * 192), abs=5e-4)
+    assert counted["throughput"] == pytest.approx(0.982 * plain["throughput"])
+    assert counted["ttft"] == plain["ttft"]

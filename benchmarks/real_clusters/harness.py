@@ -312,9 +312,11 @@ def run(config: dict[str, Any]):
 
 
 def stage_rows(results, router: str, labels: Sequence[Any], ttft: str = "ttft_s_mean",
-               tput: str = "output_token_throughput_per_s") -> list[tuple[Any, str, str, float]]:
+               tput: str = "output_token_throughput_per_s",
+               output_count: float = 1.0) -> list[tuple[Any, str, str, float]]:
     """(stage label, router, metric, value) rows from a run's per-stage summary (inference-perf's
-    per-stage metrics; lmsim.engine.stages.stage_summary)."""
+    per-stage metrics; lmsim.engine.stages.stage_summary); `output_count`: the client's count
+    of an output token (its re-tokenised output over the generated tokens)."""
     from lmsim.engine.stages import stage_summary
 
     table = stage_summary(results.requests)
@@ -322,7 +324,7 @@ def stage_rows(results, router: str, labels: Sequence[Any], ttft: str = "ttft_s_
     for row in table.itertuples(index=False):
         label = labels[int(row.stage)]
         rows.append((label, router, "ttft", float(getattr(row, ttft))))
-        rows.append((label, router, "throughput", float(getattr(row, tput))))
+        rows.append((label, router, "throughput", output_count * float(getattr(row, tput))))
     return rows
 
 
@@ -366,16 +368,29 @@ EPP_RANDOM = {"plugins": [{"type": "single-profile-handler"}, {"type": "random-p
 # GIE #2928 measured (lmsim.engine.frontend: 28.4e6 body bytes/s).
 LLMD_FRONTEND = {"gateway_bytes_per_s": 28.4e6}
 
+# How inference-perf counts tokens on Llama-3.1 (the llm-d reports' model): it re-tokenises
+# the prompt and the streamed output text with the model's tokenizer (`apis/completion.py`
+# `process_response`: `tokenizer.count_tokens`), and its output tok/s divides that count.
+# The llm-d 64p-cache-load run's totals (analysis_metrics.csv, 5,460 requests of nominally
+# 3,500 + 512 in and 192 out, one total per router): input 1.042-1.045 x nominal, output
+# 1,028,830-1,030,054 tokens = 0.981-0.983 x generated. lmsim's synthetic text round-trips to
+# its nominal length, so the prompts are scaled (`token_scale`) and the generated tokens
+# counted as the client would.
+LLAMA31_TOKEN_SCALE = 1.043
+LLAMA31_OUTPUT_COUNT = 0.982
+
 
 def llmd_ladder(case: str, routers: dict[str, Any], *, model: str, gpu: str, tp: int, kv_tokens_per_pod: int,
                 num_pods: int, groups: int, per_group: int, system_len: int, question_len: int, output_len: int,
                 stages: Sequence[tuple[float, float]], warmup: bool, block_size: int = 16,
-                extra_cluster: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+                extra_cluster: dict[str, Any] | None = None, token_scale: float = LLAMA31_TOKEN_SCALE,
+                output_count: float = LLAMA31_OUTPUT_COUNT) -> tuple[pd.DataFrame, dict[str, Any]]:
     """An llm-d kv-cache-manager benchmark replayed as inference-perf drove it: `shared_prefix`
     prompts (random-token text, re-tokenised), constant-rate stages with the barrier and a
     1 s interval, `output_len` tokens per request (ignore_eos), the KV pool set to the reported
     tokens per pod, llm-d's 50 ms metrics refresh, the calibrated API-server front end behind
-    the gateway's measured body path (`LLMD_FRONTEND`).
+    the gateway's measured body path (`LLMD_FRONTEND`), tokens counted as inference-perf counts
+    them on Llama-3.1 (`LLAMA31_TOKEN_SCALE`, `LLAMA31_OUTPUT_COUNT`).
     `routers`: real label -> lmsim `router:` mapping. Returns the per-stage long table (the
     warm-up stage dropped when `warmup`) and each router's `engine_state` table."""
     labels = ["warm-up" if warmup and k == 0 else f"{rate:g}" for k, (rate, _) in enumerate(stages)]
@@ -386,14 +401,14 @@ def llmd_ladder(case: str, routers: dict[str, Any], *, model: str, gpu: str, tp:
             "workload": {"generator": {"name": "shared_prefix", "params": {
                 "num_groups": groups, "num_prompts_per_group": per_group, "system_prompt_len": system_len,
                 "question_len": question_len, "output_len": output_len, "load_type": "constant", "interval_s": 1.0,
-                "block_size": block_size,
+                "block_size": block_size, "token_scale": token_scale,
                 "stages": [{"rate": rate, "duration": duration} for rate, duration in stages]}}},
             "cluster": {"num_instances": num_pods, "profile": profile(model, gpu, tp), "block_size": block_size,
                         "num_gpu_blocks": kv_tokens_per_pod // block_size, **(extra_cluster or {})},
             "router": {**router, "view": {"metrics_path": "llm-d", **router.get("view", {})}},
             "frontend": LLMD_FRONTEND,
         })
-        rows += [r for r in stage_rows(results, label, labels) if r[0] != "warm-up"]
+        rows += [r for r in stage_rows(results, label, labels, output_count=output_count) if r[0] != "warm-up"]
         summaries[label] = engine_state(results, labels)
     return long_table(rows), summaries
 

@@ -61,14 +61,15 @@ def random_token_text(rng: np.random.Generator, n: int) -> str:
     return "".join(vocab[i] for i in rng.integers(0, VOCAB_SIZE, n).tolist())
 
 
-def rows_from_prompts(texts: list[str], block_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(estimated token count, block ids) of each prompt text. Ids are numbered densely in
-    order of first appearance over `texts`, so a shared prefix gets the same ids."""
+def rows_from_prompts(texts: list[str], block_size: int, scale: float = 1.0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(estimated token count, block ids) of each prompt text, its tokens multiplied by
+    `scale` (the served tokenizer's round-trip growth). Ids are numbered densely in order of
+    first appearance over `texts`, so a shared prefix gets the same ids."""
     ids: dict[bytes, int] = {}
     lengths = np.zeros(len(texts), dtype=np.int64)
     blocks = []
     for k, text in enumerate(texts):
-        stream = TokenStream([("user", text)])
+        stream = TokenStream([("user", text)], scale=scale)
         lengths[k] = stream.total
         names = stream.block_names(stream.total, block_size)
         blocks.append(np.array([ids.setdefault(name, len(ids)) for name in names], dtype=np.int64))
