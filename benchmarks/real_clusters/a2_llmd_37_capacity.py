@@ -103,8 +103,8 @@ def check_against_points(real) -> None:
 
 def stage_spans(comparison: harness.Comparison, router: str = "precise-prefix-cache_load", output_len: int = 1000):
     """Where a stage's time goes, for the router that never saturates. inference-perf's output
-    tok/s is the stage's tokens over its span (first send to last end), so the span is
-    rate x duration x output_len / tok/s on each side. The real span is also predicted from
+    tok/s is the stage's counted tokens over its span (first send to last end), so the span is
+    rate x duration x output_len x the client's count per token / tok/s on each side. The real span is also predicted from
     the report's other columns: the stage's sending time, plus the mean TTFT, plus output_len
     tokens at the per-token time (twice the ITL mean: vLLM's SSE stream yields two lines a
     token). When that prediction matches the real span, the tail is the last request's
@@ -116,7 +116,7 @@ def stage_spans(comparison: harness.Comparison, router: str = "precise-prefix-ca
             continue
         cells = comparison.cells[(comparison.cells.router == router) & (comparison.cells.stage == label)]
         sim_tput = float(cells[cells.metric == "throughput"].sim.iloc[0])
-        tokens = float(label) * durations[label] * output_len
+        tokens = float(label) * durations[label] * output_len * harness.LLAMA31_OUTPUT_COUNT
         rows.append({
             "stage": label, "real_span_s": tokens / tput, "real_send_ttft_decode_s": durations[label] + ttft + output_len * 2 * itl,
             "sim_span_s": tokens / sim_tput, "real_per_token_ms": 2000 * itl,
