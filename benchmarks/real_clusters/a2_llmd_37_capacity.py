@@ -83,6 +83,29 @@ REAL = {
 }
 
 
+# The report's EPP-log summary over the whole run (epp_log_metrics_summary.csv, every pod's
+# scraped samples): waiting queue mean / p50 / p90 / max, KV usage mean / p50 / p90 / max.
+REAL_EPP = {
+    "precise-prefix-cache_load": (0.47, 0.0, 0.0, 32, 0.593, 0.670, 0.802, 0.926),
+    "estimate-prefix-cache_load": (26.8, 7.0, 80.0, 258, 0.690, 0.758, 0.995, 1.0),
+    "random": (36.6, 20.0, 99.0, 214, 0.750, 0.910, 0.995, 1.0),
+    "load": (37.6, 15.0, 106.0, 360, 0.741, 0.901, 0.995, 1.0),
+}
+
+
+def epp_state(comparison: harness.Comparison):
+    """The report's whole-run EPP-log summary beside lmsim's (`engine_state`'s "run" row)."""
+    rows = []
+    for router, table in comparison.engine.items():
+        mine = table[table.stage == "run"].iloc[0]
+        w_mean, w_p50, w_p90, w_max, kv_mean, kv_p50, kv_p90, kv_max = REAL_EPP[router]
+        rows.append({"router": router, "waiting_mean": f"{w_mean:g} / {mine.waiting_mean:.2g}",
+                     "waiting_p90": f"{w_p90:g} / {mine.waiting_p90:g}", "waiting_max": f"{w_max} / {mine.waiting_max}",
+                     "kv_mean": f"{kv_mean:.2f} / {mine.kv_mean:.2f}", "kv_p50": f"{kv_p50:.2f} / {mine.kv_p50:.2f}",
+                     "kv_p90": f"{kv_p90:.2f} / {mine.kv_p90:.2f}", "kv_max": f"{kv_max:.2f} / {mine.kv_max:.2f}"})
+    return harness.pd.DataFrame(rows)
+
+
 def real_table(stages=STAGES):
     labels = [f"{rate:g}" for rate, _ in stages[1:]]
     return harness.long_table(
@@ -133,10 +156,12 @@ def main(argv=None) -> harness.Comparison:
         CASE, routers, real, labels, "stages as the source ran them, nothing scaled down",
         model="llama-3.1-70b", gpu="h100", tp=4, kv_tokens_per_pod=461_376, num_pods=4,
         groups=83, per_group=3, system_len=8000, question_len=1000, output_len=1000, stages=stages, warmup=True)
+    parts = [f"### {CASE}: the whole run's EPP-log summary, real / lmsim", "", harness.markdown(epp_state(comparison))]
     if "precise-prefix-cache_load" in routers:
-        spans = harness.markdown(stage_spans(comparison))
-        print(spans)
-        (harness.RESULTS_DIR / f"{CASE}-spans.md").write_text(f"### {CASE}: stage spans (precise)\n\n{spans}\n")
+        parts += ["", f"### {CASE}: stage spans (precise)", "", harness.markdown(stage_spans(comparison))]
+    text = "\n".join(parts) + "\n"
+    print(text)
+    (harness.RESULTS_DIR / f"{CASE}-tails.md").write_text(text)
     return comparison
 
 

@@ -128,6 +128,7 @@ class Comparison:
     per_router: pd.DataFrame         # router, sat_real, sat_sim, sat_ok, tput_ratio_mean, ttft_ratio_mean
     cells: pd.DataFrame              # stage, router, metric, real, sim, ratio
     notes: list[str] = field(default_factory=list)
+    engine: dict[str, pd.DataFrame] = field(default_factory=dict)  # router -> engine_state
 
     def bars(self) -> dict[str, Any]:
         """The issue's bars with the measured numbers (None where the case has no data)."""
@@ -331,17 +332,22 @@ def stage_rows(results, router: str, labels: Sequence[Any], ttft: str = "ttft_s_
 def engine_state(results, labels: Sequence[Any]) -> pd.DataFrame:
     """What only the simulator shows, per stage (from its first send to its last end): share of
     requests preempted, running requests per pod (mean, max), waiting max, KV usage (mean,
-    max) and the prompt-token hit share (carried over from benchmarks/a2_kv_pressure.py)."""
+    max) and the prompt-token hit share (carried over from benchmarks/a2_kv_pressure.py). A
+    last row, "run", covers the whole run with the percentiles the llm-d reports' EPP-log
+    summaries give (waiting queue and KV usage over every pod's samples: mean, p50, p90)."""
     requests, samples = results.requests, results.instances
     rows = []
-    for k in sorted(set(requests["stage"].dropna().astype(int).tolist())):
-        mine = requests[requests["stage"] == k]
+    stages = sorted(set(requests["stage"].dropna().astype(int).tolist()))
+    for k in [*stages, None]:
+        mine = requests if k is None else requests[requests["stage"] == k]
         start, end = float(mine.arrived_at.min()), float(mine.finished_at.max())
         during = samples[(samples.time_s >= start) & (samples.time_s <= end)]
         rows.append({
-            "stage": labels[k], "preempted": float((mine.num_preemptions > 0).mean()),
+            "stage": "run" if k is None else labels[k], "preempted": float((mine.num_preemptions > 0).mean()),
             "running_mean": float(during.num_running.mean()), "running_max": int(during.num_running.max()),
+            "waiting_mean": float(during.num_waiting.mean()), "waiting_p90": float(during.num_waiting.quantile(0.9)),
             "waiting_max": int(during.num_waiting.max()), "kv_mean": float(during.kv_usage_frac.mean()),
+            "kv_p50": float(during.kv_usage_frac.quantile(0.5)), "kv_p90": float(during.kv_usage_frac.quantile(0.9)),
             "kv_max": float(during.kv_usage_frac.max()),
             "hit": float(mine.cached_tokens.astype(float).sum() / mine.input_tokens.sum()),
         })
@@ -433,6 +439,7 @@ def run_llmd_case(case: str, routers: dict, real: Any, labels: list[str], note: 
     sim, engine = llmd_ladder(case, routers, **ladder)
     comparison = compare(case, real, sim, labels)
     comparison.notes.append(note)
+    comparison.engine = engine
     report(comparison, time.perf_counter() - start)
     report_engine_state(case, engine)
     return comparison
