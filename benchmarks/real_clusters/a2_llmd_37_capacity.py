@@ -133,6 +133,7 @@ def stage_spans(comparison: harness.Comparison, router: str = "precise-prefix-ca
     token). When that prediction matches the real span, the tail is the last request's
     decode, and lmsim's shorter tail is its per-token time."""
     durations = {f"{rate:g}": duration for rate, duration in STAGES[1:]}
+    engine = comparison.engine[router]
     rows = []
     for label, (tput, ttft, itl) in zip(durations, REAL[router]):
         if label not in comparison.stages:
@@ -143,6 +144,7 @@ def stage_spans(comparison: harness.Comparison, router: str = "precise-prefix-ca
         rows.append({
             "stage": label, "real_span_s": tokens / tput, "real_send_ttft_decode_s": durations[label] + ttft + output_len * 2 * itl,
             "sim_span_s": tokens / sim_tput, "real_per_token_ms": 2000 * itl,
+            "sim_per_token_ms": float(engine[engine.stage == label].per_token_ms.iloc[0]),
         })
     return harness.pd.DataFrame(rows).round(1)
 

@@ -332,7 +332,8 @@ def stage_rows(results, router: str, labels: Sequence[Any], ttft: str = "ttft_s_
 def engine_state(results, labels: Sequence[Any]) -> pd.DataFrame:
     """What only the simulator shows, per stage (from its first send to its last end): share of
     requests preempted, running requests per pod (mean, max), waiting max, KV usage (mean,
-    max) and the prompt-token hit share (carried over from benchmarks/a2_kv_pressure.py). A
+    max), the prompt-token hit share (carried over from benchmarks/a2_kv_pressure.py) and the
+    mean time per output token after the first. A
     last row, "run", covers the whole run with the percentiles the llm-d reports' EPP-log
     summaries give (waiting queue and KV usage over every pod's samples: mean, p50, p90)."""
     requests, samples = results.requests, results.instances
@@ -350,6 +351,7 @@ def engine_state(results, labels: Sequence[Any]) -> pd.DataFrame:
             "kv_p50": float(during.kv_usage_frac.quantile(0.5)), "kv_p90": float(during.kv_usage_frac.quantile(0.9)),
             "kv_max": float(during.kv_usage_frac.max()),
             "hit": float(mine.cached_tokens.astype(float).sum() / mine.input_tokens.sum()),
+            "per_token_ms": 1000 * float((mine.e2e_s - mine.ttft_s).sum() / (mine.output_tokens - 1).sum()),
         })
     return pd.DataFrame(rows)
 
