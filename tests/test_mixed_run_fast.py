@@ -30,8 +30,12 @@ def mixed_step_reference(model: TableCostModel, batch: int, context: int, longes
     c = max(context, xs[0])
     i = min(bisect_right(bx, b) - 1, len(bx) - 2)
     j = min(bisect_right(xs, c) - 1, len(xs) - 2)
+    return _step_in_cell(model, batch, c, b, i, j)
+
+
+def _step_in_cell(model: TableCostModel, batch: int, context: float, at_batch: float, i: int, j: int) -> float:
     a0, b0, da, db, y0, dy = model._mixed_cell(i, j)
-    return model._decode_row(batch)[0] + ((a0 + b0 * c) + (da + db * c) * ((b - y0) / dy))
+    return model._decode_row(batch)[0] + ((a0 + b0 * context) + (da + db * context) * ((at_batch - y0) / dy))
 
 
 def mixed_run_reference(model: TableCostModel, batch: int, context: int, longest: int, steps: int) -> list[float]:
@@ -74,6 +78,34 @@ def test_a_mixed_run_equals_its_steps_priced_one_by_one(grid, seed, kv, steps):
         kv[0] += 1  # equal lengths are not a mixed batch
         c0, m0 = sum(kv), max(kv)
     assert model.decode_run_durations(b, c0, steps, m0) == mixed_run_reference(model, b, c0, m0, steps)
+
+
+@pytest.mark.parametrize(("grid", "kv", "steps", "axis", "point", "seed"), [
+    # [100, 4, 4]: C = 108 + 3k reaches column 120 at the last of 5 steps (batch 1.08 -> 1.15)
+    ("integer", [100, 4, 4], 5, "context", 120.0, 44),
+    # [10, 3, 3]: C/M = (16 + 3k)/(10 + k) reaches row 2 exactly at the last of 5 steps
+    ("integer", [10, 3, 3], 5, "batch", 2.0, 4),
+    # [10, 1, 1]: C/M = (12 + 3k)/(10 + k) reaches row 1.5 exactly at the last of 3 steps
+    ("fractional", [10, 1, 1], 3, "batch", 1.5, 120),
+    # [21, 7, 7, 7]: C/M = (42 + 4k)/(21 + k) reaches row 2.25 exactly at the last of 4 steps
+    ("fractional", [21, 7, 7, 7], 4, "batch", 2.25, 10),
+])
+def test_a_run_whose_last_step_lands_on_a_grid_point(grid, kv, steps, axis, point, seed):
+    """A run is priced in one go when its last step is still in its first cell; a last step
+    exactly on the next column or row is in the next cell (a grid point belongs to the cell
+    above it, as `bisect_right` places it). Both cells' polynomials meet there, so they differ
+    only in rounding: each case's seed draws a table where the cell below gives other bits."""
+    model = _table(*GRIDS[grid], seed=seed)
+    b, c0, m0 = len(kv), sum(kv), max(kv)
+    last_c, last_m = c0 + (steps - 1) * b, m0 + steps - 1
+    assert (last_c if axis == "context" else last_c / last_m) == point
+    run = model.decode_run_durations(b, c0, steps, m0)
+    assert run == mixed_run_reference(model, b, c0, m0, steps)
+    i = bisect_right(model._da_b, last_c / last_m) - 1
+    j = bisect_right(model._da_c, last_c) - 1
+    below = (i - 1, j) if axis == "batch" else (i, j - 1)
+    assert run[-1] != _step_in_cell(model, b, last_c, last_c / last_m, *below)
+    assert model.decode_run_durations(b, c0, steps - 1, m0) == run[:-1]  # all in the first cell
 
 
 @pytest.mark.parametrize("name", ["h20/qwen3-30b-a3b", "h100/qwen2-7b"])
