@@ -86,7 +86,7 @@ def register_cli(subparsers) -> None:
     n.add_argument("--model", required=True, metavar="HF_CONFIG.json|NAME",
                    help="a Hugging Face config.json, or a model lmsim knows by name (qwen3-8b, llama-3-8b, ...)")
     n.add_argument("--gpu", required=True, metavar="NAME|SPEC.yaml",
-                   help="h20, h100, h200, h800, a100, l40s, or your own GPU spec YAML")
+                   help="h20, h100, h200, h800, a100, l40s, rtx5090, or your own GPU spec YAML")
     n.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one instance (default 1)")
     n.add_argument("--engine", default=None, metavar="NAME",
                    help="serving engine whose kernels and host time to price (lmsim/data/hardware/engines.yaml: "
