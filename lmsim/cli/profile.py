@@ -90,7 +90,7 @@ def register_cli(subparsers) -> None:
     n.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one instance (default 1)")
     n.add_argument("--engine", default=None, metavar="NAME",
                    help="serving engine whose kernels and host time to price (lmsim/data/hardware/engines.yaml: "
-                        "vllm-v1, the default and what lmsim simulates; sglang-0.4, vllm-0.6, vllm-0.4)")
+                        "vllm-v1, the default and what lmsim simulates; vllm-v1-async, sglang-0.4, vllm-0.6, vllm-0.4)")
     n.add_argument("--out", type=Path, required=True, help="new (or empty) folder for the profile")
     n.add_argument("--name", help="profile name (default: <gpu>/<model>[-tpN])")
     n.add_argument("--no-plot", action="store_true", help="skip drawing plot.png")
