@@ -99,3 +99,12 @@ def test_only_a_gpu_without_kernel_rows_of_its_own_is_fitted_after_the_shared_en
     }
     assert late_engine_gpus(fits, ["h20", "l40s", "rtx5090"]) == ["rtx5090"]
     assert late_engine_gpus(fits, ["h20"]) == []  # h800 has no end-to-end rows: not in the engine fit at all
+
+
+def test_calibrate_only_names_a_gpu_it_fits_or_exits_2_before_fitting(capsys):
+    """`--only` is checked before the ~30 s fit starts: an unknown key is one line and exit 2."""
+    from lmsim.cli import main
+
+    assert main(["profile", "calibrate", "--write", "--only", "rtx5090,b300"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lmsim: error: --only: unknown GPU 'b300' (known: h20, h100, h200, h800, a100, l40s, rtx5090)"]
