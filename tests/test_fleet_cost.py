@@ -208,5 +208,5 @@ def test_profile_and_name_to_gpu_key():
     assert gpu_key("NVIDIA A100 80GB") == "a100"
     assert gpu_key("h200/qwen3-30b-a3b") == "h200"
     assert gpu_key("tpu-v5") is None
-    with pytest.raises(ConfigError, match="no shipped price for GPU 'rtx5090'"):
-        gpu_price_per_hour("rtx5090")
+    with pytest.raises(ConfigError, match="no shipped price for GPU 'b200'"):
+        gpu_price_per_hour("b200")

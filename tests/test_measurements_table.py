@@ -30,7 +30,7 @@ COLUMNS = ["id", "source", "url", "gpu", "num_gpus", "tp", "model", "engine", "d
            "measured", "unit", "condition", "scope"]
 INT_COLUMNS = ["num_gpus", "tp", "batch", "input_tokens", "output_tokens", "context_tokens",
                "chunk_tokens", "q_heads", "kv_heads", "head_dim", "gemm_m", "gemm_n", "gemm_k"]
-GPUS = {"h20", "h100", "h200", "h800", "a100", "l40s", "a10g", "l4", "a40", "b200", "mi300x"}
+GPUS = {"h20", "h100", "h200", "h800", "a100", "l40s", "rtx5090", "a10g", "l4", "a40", "b200", "mi300x"}
 DTYPES = {"bf16", "fp16", "fp8"}
 ATTENTION = ("q_heads", "kv_heads", "head_dim")
 # kind -> (allowed units, columns that must be filled)

@@ -265,8 +265,8 @@ def test_shipped_check_does_not_regress():
     s = summary["in_scope"]
     assert summary["all"]["answered"] >= 0.95 * summary["all"]["rows"]
     assert summary["out_of_scope"]["rows"] == 38  # each with its reason in the scope column
-    assert s["within_10pct"] >= 437  # 437 of 495 (88.3%) when fitted
-    assert summary["check"]["within_10pct"] >= 143  # 143 of 173 rows never fitted on
+    assert s["within_10pct"] >= 443  # 443 of 501 (88.4%) when fitted (437 of 495 before the RTX 5090's 6 rows)
+    assert summary["check"]["within_10pct"] >= 144  # 144 of 174 rows never fitted on
     assert all(math.isfinite(p.ratio) for p in long_h20)
 
 

@@ -4,12 +4,16 @@ docs/benchmarks/qwen3-4b-serving-vllm-rtx5090.md; points.csv B2) replayed in lms
     python benchmarks/real_clusters/b2_openinfer_rtx5090.py
 
 The server: vLLM 0.22.1 (V1, lmsim's engine), Qwen3-4B BF16 TP1 on one RTX 5090 32 GB,
-`--max-model-len 8192 --gpu-memory-utilization 0.9 --no-enable-prefix-caching`. lmsim has no
-RTX 5090: `rtx5090.yaml` (next to this script) is its spec from NVIDIA's datasheet numbers
-(cited in the file), with the L40S's fitted efficiencies; the profile is `profile new --model
-qwen3-4b --gpu rtx5090.yaml`. vLLM's batch defaults for a card under 70 GiB
-(`EngineArgs.get_batch_defaults`, OpenAI server): max_num_batched_tokens 2,048, max_num_seqs
-256. The KV pool is lmsim's at 0.9 (the source does not report it).
+`--max-model-len 8192 --gpu-memory-utilization 0.9 --no-enable-prefix-caching`. The profile is
+`profile new --model qwen3-4b --gpu rtx5090`: the shipped RTX 5090 (datasheet facts; its BF16
+GEMM efficiencies fitted by `profile calibrate` on six public vLLM rows of other runs, never
+on this case's numbers; kernel constants lent by the L40S; lmsim/data/hardware/gpus/rtx5090.yaml).
+vLLM 0.22.1 schedules asynchronously by default (vllm-project/vllm PR 27614, "Enable async
+scheduling by default"), so `async_scheduling` is on: the host part of a step overlaps the
+GPU part of the one before (measured synchronous too: docs/explanation/real-clusters.md, B2).
+vLLM's batch defaults for a card under 70 GiB (`EngineArgs.get_batch_defaults`, OpenAI
+server): max_num_batched_tokens 2,048, max_num_seqs 256. The KV pool is lmsim's at 0.9 (the
+source does not report it).
 
 The client: `vllm bench serve --dataset-name random --random-input-len 1024
 --random-output-len 128 --ignore-eos --seed 42 --burstiness 1.0`, num_prompts = 60 x QPS, QPS
@@ -37,7 +41,7 @@ import harness
 CASE = "B2"
 SOURCE = "openinfer-project/openinfer"
 QPS = (1, 2, 4, 8, 10, 12, 16)
-GPU_SPEC = str(Path(__file__).resolve().parent / "rtx5090.yaml")
+GPU = "rtx5090"
 
 
 def real_table():
@@ -55,9 +59,9 @@ def simulate():
             "name": f"{CASE}-{qps}", "seed": 42,
             "workload": {"generator": {"name": "random", "params": {
                 "num_requests": 60 * qps, "input_len": 1024, "output_len": 128, "rate": qps, "burstiness": 1.0}}},
-            "cluster": {"num_instances": 1, "profile": harness.profile("qwen3-4b", GPU_SPEC, 1),
+            "cluster": {"num_instances": 1, "profile": harness.profile("qwen3-4b", GPU, 1),
                         "enable_prefix_caching": False, "max_num_batched_tokens": 2048, "max_num_seqs": 256,
-                        "max_model_len": 8192},
+                        "max_model_len": 8192, "async_scheduling": True},
             "router": {"policy": "round_robin"}, "frontend": {},
         })
         req = results.requests

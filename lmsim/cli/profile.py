@@ -86,11 +86,11 @@ def register_cli(subparsers) -> None:
     n.add_argument("--model", required=True, metavar="HF_CONFIG.json|NAME",
                    help="a Hugging Face config.json, or a model lmsim knows by name (qwen3-8b, llama-3-8b, ...)")
     n.add_argument("--gpu", required=True, metavar="NAME|SPEC.yaml",
-                   help="h20, h100, h200, h800, a100, l40s, or your own GPU spec YAML")
+                   help="h20, h100, h200, h800, a100, l40s, rtx5090, or your own GPU spec YAML")
     n.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one instance (default 1)")
     n.add_argument("--engine", default=None, metavar="NAME",
                    help="serving engine whose kernels and host time to price (lmsim/data/hardware/engines.yaml: "
-                        "vllm-v1, the default and what lmsim simulates; sglang-0.4, vllm-0.6, vllm-0.4)")
+                        "vllm-v1, the default and what lmsim simulates; vllm-v1-async, sglang-0.4, vllm-0.6, vllm-0.4)")
     n.add_argument("--out", type=Path, required=True, help="new (or empty) folder for the profile")
     n.add_argument("--name", help="profile name (default: <gpu>/<model>[-tpN])")
     n.add_argument("--no-plot", action="store_true", help="skip drawing plot.png")
@@ -118,6 +118,9 @@ def register_cli(subparsers) -> None:
                      help="also fit a per-GPU decode efficiency table (batch x context) over the constants")
     cal.add_argument("--write", action="store_true",
                      help="write the constants into lmsim/data/hardware/gpus/*.yaml (source checkout only)")
+    cal.add_argument("--only", default=None, metavar="GPU[,GPU]",
+                     help="with --write: write only these GPUs' files (and engines.yaml); for adding a GPU "
+                          "whose rows leave the others' constants as printed before")
     cal.set_defaults(func=cmd_calibrate)
 
     c = sub.add_parser("check", help="lmsim's prediction for every public measurement, and the ratio")
@@ -567,6 +570,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
     from lmsim.profile.calibrate import (
+        GPUS,
         calibrate_all,
         efficiency_mapping,
         write_engine_constants,
@@ -575,6 +579,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from lmsim.profile.hardware import GPUS_DIR
     from lmsim.profile.measurements import read_measurements
 
+    only = args.only.split(",") if getattr(args, "only", None) else None
+    unknown = [g for g in only or () if g not in GPUS]
+    if unknown:
+        raise ProfileError(f"--only: unknown GPU {unknown[0]!r} (known: {', '.join(GPUS)})")
     if args.write:
         check_source_checkout(GPUS_DIR, "profile calibrate --write")
     result = calibrate_all(read_measurements(args.measurements), smooth=args.form == "smooth",
@@ -589,7 +597,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         table = " --kv-table" if getattr(args, "kv_table", False) else ""
         note = (f"lmsim profile calibrate --form {args.form}{table} --write, "
                 f"{datetime.date.today().isoformat()}: fit split of the measurement table only")
-        for gpu, eff in result["efficiency"].items():
-            print(f"wrote {write_gpu_efficiency(gpu, eff, result['record'][gpu], note)}")
+        for gpu in only or list(result["efficiency"]):
+            print(f"wrote {write_gpu_efficiency(gpu, result['efficiency'][gpu], result['record'][gpu], note)}")
         print(f"wrote {write_engine_constants(result['engines'])}")
     return 0

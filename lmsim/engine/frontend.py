@@ -52,7 +52,9 @@ sweeps at their lowest rate against lmsim's own TTFT there (points.csv, kind b):
 - vLLM 0.22 V1, Qwen3-4B, RTX 5090, 1024 in / 128 out at 1 req/s (openinfer
   `docs/benchmarks/qwen3-4b-serving-vllm-rtx5090.md`): TTFT p50 57.8 ms; lmsim 71.3 ms on an
   uncalibrated RTX 5090 spec (TPOT 7.6 vs 6.65 ms measured: the engine is priced 14 % slow),
-  scaled by that ratio 62.4 ms: no room for more than a few ms of front end.
+  scaled by that ratio 62.4 ms: no room for more than a few ms of front end. On the shipped,
+  calibrated RTX 5090 with async scheduling (benchmarks/real_clusters B2, these defaults
+  included) lmsim gives 56.8 ms at TPOT 6.89 ms: the same conclusion.
 - NVIDIA NIM (TensorRT-LLM), Llama-3.3-70B FP8 TP2 on H100, concurrency 1: TTFT 47.77 ms
   at 500 input tokens and 406.77 ms at 5,000; the line through them meets 0 tokens at
   7.9 ms, which holds the fixed overhead and one step.

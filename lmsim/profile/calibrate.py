@@ -13,10 +13,14 @@ groups and what they fit:
 * `moe` (kernel_moe): moe_mfu, moe_half_rows, moe_launch_s, moe_stream_eff.
 
 A GPU without rows for a group borrows the group's constants from its nearest relative
-(`BORROW`: H800 is H100 silicon, H200 is H100 compute), recorded in the output. Then the
-engine-level constants (per-layer kernels, the small-batch engine KV term) are fitted on the
-end-to-end rows of every GPU together, with each GPU's kernel constants fixed, because they
-describe the serving engine, not the GPU.
+(`BORROW`: H800 is H100 silicon, H200 is H100 compute, the RTX 5090 a GDDR7 PCIe card like
+the L40S), recorded in the output. Then the engine-level constants (per-layer kernels, the
+small-batch engine KV term) are fitted on the end-to-end rows of every GPU together, with
+each GPU's kernel constants fixed, because they describe the serving engine, not the GPU.
+A GPU with no kernel rows of its own (every kernel group borrowed: the RTX 5090) stays out
+of that shared fit, which would otherwise spend its rows on another card's kernel errors;
+its end-to-end rows fit only its own BF16 GEMM efficiencies afterwards, with the engine
+constants held (`late_engine_gpus`).
 
 Constants are physically meaningful by construction: an efficiency per kernel group per GPU,
 a launch cost, a saturation length. No row gets its own parameter.
@@ -66,7 +70,9 @@ PARAMS: dict[str, list[tuple[str, float, float, float]]] = {
 ALTERNATIVES: dict[str, list[tuple[str, float, float, float]]] = {
     "gemm_fp8": [("roofline_n_fp8", 2.0, 1.0, 12.0)],
 }
-BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",)}
+# The RTX 5090 has no public kernel micro-benchmark; the L40S is the shipped card nearest in
+# kind (GDDR, PCIe, no NVLink, a consumer-class AD102 die; the 5090 is its GB202 successor).
+BORROW = {"h800": ("h100",), "h200": ("h100",), "h100": ("h200",), "l40s": ("a100",), "rtx5090": ("l40s",)}
 # BF16 kernel groups a GPU has no kernel rows for, fitted on the engine rows instead.
 ENGINE_FITTED_GROUPS = {"gemm": [("gemm_mfu", 0.8, 0.2, 1.0), ("weight_stream_eff", 0.75, 0.2, 1.0)]}
 
@@ -247,7 +253,7 @@ def calibrate(rows: Sequence[Measurement], gpus: Sequence[str], *, smooth: bool 
             donor_gemm = fits[donor].get("gemm")
             donor_n = donor_gemm.values.get("roofline_n") if donor_gemm is not None else None
             if group == "moe" and donor_n is not None:  # the exponent the lent constants were fitted with
-                lent["moe_roofline_n"] = donor_n
+                lent.setdefault("moe_roofline_n", donor_n)  # a donor's own loan keeps its lender's
             kinds, dtypes = GROUPS[group]
             mine = [r for r in fit_rows if r.gpu == gpu and r.kind in kinds and r.dtype in dtypes]
             if mine:
@@ -319,10 +325,11 @@ def engine_params(rows: Sequence[Measurement], gpus_without_gemm: Sequence[str])
 
 
 def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
-               params: Sequence[tuple]) -> tuple[dict, float]:
+               params: Sequence[tuple], fixed: dict | None = None) -> tuple[dict, float]:
     """The engine constants, fitted on the in-scope engine rows of the fit split with each
     GPU's kernel constants fixed; each row is priced with the engine its `engine` column
-    names. Returns {(name, scope): value} and the RMS log ratio."""
+    names. `fixed` ({(name, scope): value}, a previous fit's result) holds constants that
+    are not fitted here. Returns {(name, scope): value} of `params` and the RMS log ratio."""
     from lmsim.profile.analytic import AnalyticModel
     from lmsim.profile.hardware import load_engines, load_model, shard
 
@@ -343,7 +350,7 @@ def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
         return {(p[0], p[4]): float(v) for p, v in zip(params, np.exp(np.clip(x, lo, hi)))}
 
     def errors(x: np.ndarray) -> np.ndarray:
-        vals = values(x)
+        vals = {**(fixed or {}), **values(x)}
         out = []
         for r, engine in usable:
             mine = {k: v for (k, scope), v in vals.items()
@@ -369,7 +376,7 @@ def fit_engine(rows: Sequence[Measurement], kernel_eff: dict[str, Efficiency],
 
 
 # -- the whole calibration ----------------------------------------------------------------
-GPUS = ("h20", "h100", "h200", "h800", "a100", "l40s")
+GPUS = ("h20", "h100", "h200", "h800", "a100", "l40s", "rtx5090")
 
 
 def base_efficiency(smooth: bool) -> Efficiency:
@@ -407,9 +414,16 @@ def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table:
         record[gpu] = rec
     engine_rows = [r for r in rows if r.kind in ENGINE_KINDS and r.split == "fit" and r.gpu in GPUS]
     engine_gpus = sorted({r.gpu for r in engine_rows})
-    no_gemm = [g for g in engine_gpus if "gemm" not in fits[g]]
-    params = engine_params(engine_rows, no_gemm)
-    vals, rms = fit_engine(rows, {g: effs[g] for g in engine_gpus}, params)
+    late = late_engine_gpus(fits, engine_gpus)
+    shared_gpus = [g for g in engine_gpus if g not in late]
+    no_gemm = [g for g in shared_gpus if "gemm" not in fits[g]]
+    params = engine_params([r for r in engine_rows if r.gpu in shared_gpus], no_gemm)
+    vals, rms = fit_engine(rows, {g: effs[g] for g in shared_gpus}, params)
+    late_rms = {}
+    for gpu in late:
+        own = [(*p, ("gpu", gpu)) for p in ENGINE_FITTED_GROUPS["gemm"]]
+        own_vals, late_rms[gpu] = fit_engine(rows, {gpu: effs[gpu]}, own, fixed=vals)
+        vals.update(own_vals)
     engines: dict[str, dict[str, float]] = {}
     for (name, scope), v in vals.items():
         if scope is not None and scope[0] == "engine":
@@ -421,9 +435,20 @@ def calibrate_all(rows: Sequence[Measurement], *, smooth: bool = True, kv_table:
                 if scope is not None:
                     record[gpu].setdefault("engine_fitted", []).append(name)
     for gpu in GPUS:
-        record[gpu]["engine"] = {"fitted_on": f"in-scope end-to-end rows of {', '.join(engine_gpus)}",
+        record[gpu]["engine"] = {"fitted_on": f"in-scope end-to-end rows of {', '.join(shared_gpus)}",
                                  "rms_log_ratio": round(rms, 4)}
+        if gpu in late:
+            own_rows = sum(r.gpu == gpu for r in engine_rows)
+            record[gpu]["engine"].update(own_fit=f"{', '.join(record[gpu]['engine_fitted'])} on its {own_rows} "
+                                                 "end-to-end fit rows, the engine constants held",
+                                         own_rms_log_ratio=round(late_rms[gpu], 4))
     return {"efficiency": effs, "record": record, "engines": engines}
+
+
+def late_engine_gpus(fits: dict[str, dict[str, GroupFit]], engine_gpus: Sequence[str]) -> list[str]:
+    """The GPUs with end-to-end rows but no kernel rows of their own (every kernel group
+    borrowed): fitted after the shared engine constants, on their own GEMM efficiencies only."""
+    return [g for g in engine_gpus if fits[g] and all(f.borrowed_from and not f.rows for f in fits[g].values())]
 
 
 MARKER = "# -- fitted by `lmsim profile calibrate`; do not edit by hand --"

@@ -1,7 +1,7 @@
 """GPU and model facts for the analytic cost model: shipped public specs and a user's own.
 
 * GPUs: one YAML per GPU under `lmsim/data/hardware/gpus/` (`h20`, `h100`, `h200`, `h800`,
-  `a100`, `l40s`), every number cited in its `sources`, plus the per-GPU efficiency constants
+  `a100`, `l40s`, `rtx5090`), every number cited in its `sources`, plus the per-GPU efficiency constants
   the analytic form was fitted to (`efficiency`, see `lmsim.profile.analytic`). A user's GPU is
   a YAML file with the same keys (`--gpu my_gpu.yaml`).
 * Engines: `lmsim/data/hardware/engines.yaml` describes the serving engines a profile can be
