@@ -22,30 +22,23 @@ The real per-stage numbers (output tok/s, mean TTFT, ITL mean) are transcribed f
 report's tables (`REAL`); points.csv holds the 5, 10 and 20 req/s rows of two routers and
 the summaries, which `check_against_points` confirms equal to these.
 
-KV pressure findings (issue 33 item 4; formerly benchmarks/a2_kv_pressure.py, 2026-12-04,
-block size 16, seed 0, the report's weights on lmsim's llmd_scorer before llmd_epp existed):
+KV pressure and tails (issue 33 item 4; the numbers on the final tree are in
+docs/explanation/real-clusters.md, A2, and results/A2-tails.md, printed by this script):
 
-* precise: no request is ever preempted and no pod queues (waiting max 4 in the whole run;
-  the report: mean 0.47, max 32). KV usage while stages send is mean 0.41 / p90 0.60 / max
-  0.71; the report's 0.59 / 0.80 / 0.93: lmsim's pods run *emptier*, not fuller. Per-token
-  time matches at high batch (20 req/s: 63.3 ms vs 62 ms; 15: 49 vs 48; 10: 39.5 vs 40) and
-  is 10-15% lower at 3-6 req/s (23.5 vs 26 ms at 3). Output tok/s is 1.05-1.08x the report's
-  up to 15 req/s and 1.14x at 20; the real stages end 7-16 s later at every rate (3 req/s:
-  243 s vs 233 s), a near-constant tail that neither the engine's admission nor its step
-  cost explains.
-* random (KV-saturated from 5 req/s): lmsim preempts 10-20% of the requests from 5 req/s up;
-  its pods hold 48 running requests on average (mean KV 0.80) where the report's throughput x
-  per-token time gives ~45; output tok/s 1.08-1.25x the report's, per-token time 4-7% lower.
-  With prompts 4.3% longer (the re-tokenisation growth A3's totals show: 4,186 tokens per
-  nominal 4,012) the ratio is 1.05-1.20.
-* A preemption storm is a routing effect: llm-d's *default* weights (prefix 3, queue 2, KV 2)
-  spread groups, hits fall to 0.70 and 8-19% of requests are preempted from 8 req/s on,
-  while the report's weights (2/1/1) keep every group on one pod (hit 0.999, no preemption).
 * lmsim's KV rules were checked against vLLM v1 (vllm/v1/core/sched/scheduler.py
   `Scheduler.schedule`, vllm/v1/core/kv_cache_manager.py `allocate_slots`, block_pool.py):
   admission needs only the first chunk's blocks, no watermark; a failed allocation preempts
   the newest running request with recompute and admits nothing that step; prefix blocks are
   shared by reference count. Block size 64 changes nothing measurable.
+* `epp_state`: against the report's whole-run EPP-log summary lmsim's pods run emptier and
+  queue less under every router (precise KV mean 0.46 vs 0.59), not fuller. Precise never
+  preempts; random preempts 13-17% of requests from 5 req/s on.
+* A preemption storm is a routing effect: llm-d's *default* weights (prefix 3, queue 2, KV 2)
+  spread groups, hits fall to 0.70 and 8-19% of requests are preempted from 8 req/s on
+  (measured with llmd_scorer, 2026-12-04), while the report's weights (2/1/1) keep every
+  group on one pod (hit 0.999, no preemption).
+* `stage_spans`: the real stage spans are the sending time + mean TTFT + 1,000 tokens at the
+  real per-token time; lmsim's are shorter where its per-token time is (8-14% at 3-6 req/s).
 """
 
 from __future__ import annotations
@@ -100,6 +93,7 @@ def epp_state(comparison: harness.Comparison):
         mine = table[table.stage == "run"].iloc[0]
         w_mean, w_p50, w_p90, w_max, kv_mean, kv_p50, kv_p90, kv_max = REAL_EPP[router]
         rows.append({"router": router, "waiting_mean": f"{w_mean:g} / {mine.waiting_mean:.2g}",
+                     "waiting_p50": f"{w_p50:g} / {mine.waiting_p50:g}",
                      "waiting_p90": f"{w_p90:g} / {mine.waiting_p90:g}", "waiting_max": f"{w_max} / {mine.waiting_max}",
                      "kv_mean": f"{kv_mean:.2f} / {mine.kv_mean:.2f}", "kv_p50": f"{kv_p50:.2f} / {mine.kv_p50:.2f}",
                      "kv_p90": f"{kv_p90:.2f} / {mine.kv_p90:.2f}", "kv_max": f"{kv_max:.2f} / {mine.kv_max:.2f}"})

@@ -346,7 +346,8 @@ def engine_state(results, labels: Sequence[Any]) -> pd.DataFrame:
         rows.append({
             "stage": "run" if k is None else labels[k], "preempted": float((mine.num_preemptions > 0).mean()),
             "running_mean": float(during.num_running.mean()), "running_max": int(during.num_running.max()),
-            "waiting_mean": float(during.num_waiting.mean()), "waiting_p90": float(during.num_waiting.quantile(0.9)),
+            "waiting_mean": float(during.num_waiting.mean()), "waiting_p50": float(during.num_waiting.quantile(0.5)),
+            "waiting_p90": float(during.num_waiting.quantile(0.9)),
             "waiting_max": int(during.num_waiting.max()), "kv_mean": float(during.kv_usage_frac.mean()),
             "kv_p50": float(during.kv_usage_frac.quantile(0.5)), "kv_p90": float(during.kv_usage_frac.quantile(0.9)),
             "kv_max": float(during.kv_usage_frac.max()),

@@ -72,24 +72,22 @@ own streams say where the rest is: see docs/explanation/real-clusters.md, A2.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass
 class FrontEnd:
     """Per-request delays, plus the gateway body path's queue; the defaults are
     `lmsim.config.FrontEndConfig`'s (see above). One per simulation: it holds that queue."""
 
-    def __init__(
-        self, request_s: float, gateway_s: float, tokenize_s_per_token: float, stream_s: float,
-        gateway_bytes_per_s: float | None = None, body_bytes_per_token: float = 4.0,
-    ) -> None:
-        self.request_s = request_s
-        self.gateway_s = gateway_s
-        self.tokenize_s_per_token = tokenize_s_per_token
-        self.stream_s = stream_s
-        self.gateway_bytes_per_s = gateway_bytes_per_s
-        self.body_bytes_per_token = body_bytes_per_token
-        self._gateway_free_at = 0.0
+    request_s: float
+    gateway_s: float
+    tokenize_s_per_token: float
+    stream_s: float
+    gateway_bytes_per_s: float | None = None
+    body_bytes_per_token: float = 4.0
+    _gateway_free_at: float = field(default=0.0, init=False, repr=False)
 
     @classmethod
     def from_config(cls, section: Any) -> FrontEnd | None:
