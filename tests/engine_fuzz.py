@@ -153,6 +153,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "fleet": ("colocated", "closed_loop", "scaling", "crashes"),
     "pd_scaling": ("pd", "scaling"),
     "pd_crashes": ("pd", "crashes"),
+    "frontend": ("any_topology", "closed_loop", "front_end"),
 }
 
 
@@ -364,6 +365,23 @@ def _closed_loop(d: Draft) -> None:
     d.closed_p = 0.5
 
 
+@dimension("front_end")
+def _front_end(d: Draft) -> None:
+    """The client-side front end (lmsim.engine.frontend): per-request delays before the
+    router and after each token, and often the gateway's FIFO body path, slow enough that
+    requests queue in it while instances step. Binary fractions, so its hand-offs tie with
+    step ends on the dyadic profiles."""
+    r = d.rng
+    section: dict[str, Any] = {
+        "request_s": r.choice([0.0, 2.0**-8, 2.0**-5]), "gateway_s": r.choice([0.0, 2.0**-7]),
+        "tokenize_s_per_token": r.choice([0.0, 2.0**-14]), "stream_s": r.choice([0.0, 2.0**-9]),
+    }
+    if r.random() < 0.7:
+        section["gateway_bytes_per_s"] = 2.0 ** r.randint(14, 18)
+        section["body_bytes_per_token"] = 2.0 ** r.randint(0, 2)
+    d.sections["frontend"] = section
+
+
 @dimension("any_topology")
 def _any_topology(d: Draft) -> None:
     DIMENSIONS[d.rng.choice(["single", "single", "mixed", "pd"])](d)
@@ -524,6 +542,11 @@ def _stop_s(scenario: dict[str, Any]) -> float:
     if "sections" in scenario:  # every request may run 1 + max_retries times, after restarts
         work *= 1 + scenario["sections"].get("faults", {}).get("max_retries", 0)
         last += 10.0
+        front = scenario["sections"].get("frontend")
+        if front is not None:  # every request through the front end, one body at a time
+            work += sum(0.1 + row["input"] * (1e-3 + front.get("body_bytes_per_token", 4.0)
+                                              / front.get("gateway_bytes_per_s", 1e12))
+                        for row in scenario["rows"])
     return round(last + 20 * work + 60.0, 3)
 
 
@@ -749,6 +772,9 @@ def coverage(results: Results) -> set[str]:
             if (s.get(key) or 0) > 0}
     if s.get("prefix_hit_ratio_disk"):
         seen.add("disk hit")
+    routed = results.requests["routed_at"].to_numpy(dtype=float, na_value=np.nan)
+    if (routed > results.requests["arrived_at"].to_numpy(dtype=float)).any():
+        seen.add("front end")
     fleet = s.get("fleet")
     if fleet is not None:
         events = set(results.fleet_events["event"])

@@ -58,6 +58,7 @@ REACHES = {
     "fleet": {"scale up", "drain", "crash", "retry", "failed"},
     "pd_scaling": {"scale up", "drain", "drain stop", "kv transfer"},
     "pd_crashes": {"crash", "retry", "failed", "kv transfer"},
+    "frontend": {"front end", "not arrived"},
 }
 PD_FLEET = ("pd_scaling", "pd_crashes")
 
