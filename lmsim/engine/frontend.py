@@ -37,9 +37,9 @@ gives 20 / 129 = 155 ms. The issue gives no point at low concurrency, so no fixe
 share is split out (`gateway_s` adds one, unqueued). A body is the prompt text's UTF-8 bytes,
 or `body_bytes_per_token` x prompt tokens without text. On llm-d's 37-capacity ladder (points.csv
 A2: 9,000-token random-token prompts, ~40 KB, 1.4 ms each; at most 20 req/s, so the server is
-at most 3% busy) it raised lmsim's mean TTFT by 1.3-1.4 ms per stage (precise scorer: 50.0 ->
-51.4 ms at 3 req/s, 93.6 -> 94.9 ms at 20): the ~0.2 s by which that cluster's TTFT exceeds
-lmsim's is not this path (docs/explanation/real-clusters.md traces it).
+at most 3% busy) switching it on raised lmsim's mean TTFT by 1.3-1.4 ms per stage (precise
+scorer, 3 to 20 req/s): the ~0.2 s by which that cluster's TTFT exceeds lmsim's is not this
+path (docs/explanation/real-clusters.md traces it).
 
 Defaults (`frontend: {}` in an experiment; the vLLM/SGLang API server alone, no gateway), from the published single-instance
 sweeps at their lowest rate against lmsim's own TTFT there (points.csv, kind b):
