@@ -307,36 +307,30 @@ class HorizontalPodAutoscaler(Autoscaler):
         self, now: float, current: int, desired: int, pool: PoolObservation, state: _PoolState
     ) -> int:
         if desired > current:
-            rules = self.scale_up
-            if rules.select_policy == "disabled":
-                limit = current
-            else:
-                proposals = []
-                for policy in rules.policies:
-                    start = self._period_start(now, current, policy.period_s, state)
-                    if policy.kind == "pods":
-                        proposals.append(start + policy.value)
-                    else:  # rounded up, else a small pool could never grow
-                        proposals.append(math.ceil(start * (1 + policy.value / 100)))
-                limit = max(proposals) if rules.select_policy == "max" else min(proposals)
-            limit = max(limit, current)
+            limit = max(self._change_limit(self.scale_up, now, current, state, up=True), current)
             return min(desired, pool.max_replicas, limit)
         if desired < current:
-            rules = self.scale_down
-            if rules.select_policy == "disabled":
-                limit = current
-            else:
-                proposals = []
-                for policy in rules.policies:
-                    start = self._period_start(now, current, policy.period_s, state)
-                    if policy.kind == "pods":
-                        proposals.append(start - policy.value)
-                    else:
-                        proposals.append(int(start * (1 - policy.value / 100)))
-                limit = min(proposals) if rules.select_policy == "max" else max(proposals)
-            limit = min(limit, current)
+            limit = min(self._change_limit(self.scale_down, now, current, state, up=False), current)
             return max(desired, pool.min_replicas, limit)
         return desired
+
+    def _change_limit(self, rules: ScalingRules, now: float, current: int, state: _PoolState, *, up: bool) -> int:
+        """The furthest one direction's policies let the count move from `current`: each policy
+        proposes a count from the count at its period's start; `select_policy: max` takes the
+        proposal that moves furthest, `min` the one that moves least."""
+        if rules.select_policy == "disabled":
+            return current
+        proposals = []
+        for policy in rules.policies:
+            start = self._period_start(now, current, policy.period_s, state)
+            if policy.kind == "pods":
+                proposals.append(start + policy.value if up else start - policy.value)
+            elif up:  # rounded up, else a small pool could never grow
+                proposals.append(math.ceil(start * (1 + policy.value / 100)))
+            else:
+                proposals.append(int(start * (1 - policy.value / 100)))
+        furthest, least = (max, min) if up else (min, max)
+        return furthest(proposals) if rules.select_policy == "max" else least(proposals)
 
     def _forget_old_events(self, now: float, state: _PoolState) -> None:
         up_keep = max(p.period_s for p in self.scale_up.policies)
